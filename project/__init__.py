@@ -1,0 +1,15 @@
+"""MNIST MLP on PyTorch Lightning: a template for fast, correct GPU training.
+
+Kept free of heavy imports so that ``scripts/*.py --help`` answers instantly.
+"""
+
+__version__ = "0.1.0"
+
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+NUM_CLASSES = 10
+IMAGE_PIXELS = 28 * 28
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULERS = ("none", "onecycle")
+LOADERS = ("memory", "torchvision")

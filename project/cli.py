@@ -1,0 +1,130 @@
+"""Command-line flags of ``scripts/train.py``; imports nothing heavy so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from project import LOADERS, OPTIMIZERS, SCHEDULERS, __version__
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def _number(text: str, kind: type) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a valid {kind.__name__}: {text!r}") from None
+
+
+def hidden_sizes(text: str) -> list[int]:
+    """``128`` or ``256,128``: one or more hidden layer widths."""
+    parts = [p for p in text.replace(" ", "").split(",") if p]
+    if not parts:
+        raise argparse.ArgumentTypeError("needs at least one layer size, e.g. 128 or 256,128")
+    return [positive_int(p) for p in parts]
+
+
+def devices_spec(text: str) -> int | list[int] | str:
+    """A count (``2``), ``-1``/``auto`` for all, or device indices (``0,1`` or ``1,``)."""
+    text = text.strip()
+    if text == "auto":
+        return text
+    if "," in text:
+        try:
+            indices = [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"device indices must be integers, got {text!r}") from None
+        if not indices or any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+            raise argparse.ArgumentTypeError(f"device indices must be distinct and >= 0, got {text!r}")
+        return indices
+    count = _number(text, int)
+    if count == 0 or count < -1:
+        raise argparse.ArgumentTypeError(f"device count must be >= 1 (or -1 for all), got {text}")
+    return count
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train the MNIST MLP with PyTorch Lightning, then test the best checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+    hw = parser.add_argument_group("hardware")
+    hw.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+    hw.add_argument("--devices", type=devices_spec, default=1,
+                    help="count per node (2), all (-1), or indices (0,1 or 1, for cuda:1)")
+    hw.add_argument("--num-nodes", type=positive_int, default=1)
+    hw.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...")
+    hw.add_argument("--precision", default="32",
+                    help="32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true (16-mixed on CPU uses bf16-mixed)")
+
+    opt = parser.add_argument_group("recipe")
+    opt.add_argument("--max-epochs", type=positive_int, default=8)
+    opt.add_argument("--batch-size", type=positive_int, default=256, help="per device")
+    opt.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
+    opt.add_argument("--lr", type=positive_float, default=0.2, help="peak LR under onecycle")
+    opt.add_argument("--momentum", type=non_negative_float, default=0.9, help="SGD only (Nesterov when > 0)")
+    opt.add_argument("--weight-decay", type=non_negative_float, default=5e-4)
+    opt.add_argument("--scheduler", default="onecycle", choices=SCHEDULERS)
+    opt.add_argument("--hidden", type=hidden_sizes, default=[128], help="hidden widths, e.g. 128 or 256,128")
+    opt.add_argument("--seed", type=int, default=0)
+    opt.add_argument("--deterministic", action="store_true", help="use only deterministic algorithms")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data-dir", default=None,
+                      help="folder holding MNIST/raw/ (default: $DATA_DIR, else data/)")
+    data.add_argument("--loader", default="memory", choices=LOADERS,
+                      help="memory: whole split as one tensor, batches by gather; torchvision: per-sample")
+    data.add_argument("--num-workers", type=non_negative_int, default=0, help="torchvision loader only")
+    data.add_argument("--pin-memory", action="store_true", help="torchvision loader only")
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--fast-dev-run", action="store_true", help="one batch of each stage, no logs or files")
+    run.add_argument("--logdir", default="lightning_logs")
+    run.add_argument("--name", default="mnist", help="experiment name: runs go to LOGDIR/NAME/version_N")
+    run.add_argument("--log-every-n-steps", type=positive_int, default=50)
+    run.add_argument("--resume", default=None, metavar="CKPT|last",
+                     help="checkpoint to continue from; 'last' = newest run's last.ckpt")
+    run.add_argument("--export", default=None, metavar="PATH",
+                     help="where to write model.pth (default: inside the run folder)")
+    run.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fast_dev_run and args.resume:
+        parser.error("--fast-dev-run cannot be combined with --resume")
+    return args

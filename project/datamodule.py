@@ -1,0 +1,226 @@
+"""MNIST as a ``LightningDataModule``: decoded once into tensors, batched by one gather."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset, random_split
+from torchvision import datasets, transforms
+
+from project import LOADERS, MNIST_MEAN, MNIST_STD
+from project.errors import UserError
+
+RAW_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+EVAL_BATCH_SIZE = 1000
+
+
+class MNISTDataError(UserError):
+    """The MNIST files are missing or unreadable."""
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """``--data-dir`` wins, then the ``DATA_DIR`` environment variable, then ``data/``."""
+    return Path(data_dir or os.environ.get("DATA_DIR") or "data")
+
+
+def raw_folder(data_dir: Path) -> Path:
+    return data_dir / "MNIST" / "raw"
+
+
+def missing_files(data_dir: Path) -> list[str]:
+    folder = raw_folder(data_dir)
+    return [name for name in RAW_FILES if not (folder / name).is_file()]
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """``uint8 (N, 28, 28)`` -> ``float (N, 1, 28, 28)``, the same numbers as ToTensor + Normalize."""
+    return images.unsqueeze(1).float().div(255).sub(MNIST_MEAN).div(MNIST_STD)
+
+
+def split_indices(n: int, val_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded train/val indices; the same split as ``random_split`` with that seed."""
+    generator = torch.Generator().manual_seed(seed)
+    train, val = random_split(range(n), [n - val_size, val_size], generator)
+    return list(train.indices), list(val.indices)
+
+
+class TensorMNIST(Dataset):
+    """A split held as two tensors; ``__getitems__`` makes each batch one indexed gather.
+
+    DataLoader calls ``__getitems__`` with the whole batch of indices, so a batch costs one
+    ``index_select`` instead of 64 ``__getitem__`` calls and a collate.
+    """
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
+        if len(images) != len(targets):
+            raise ValueError("images and targets differ in length")
+        self.images = images
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, device=self.targets.device)
+        return self.images.index_select(0, index), self.targets.index_select(0, index)
+
+    def to(self, device: torch.device) -> TensorMNIST:
+        return TensorMNIST(self.images.to(device), self.targets.to(device))
+
+
+def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate for ``TensorMNIST``: ``__getitems__`` already returns a whole batch."""
+    return batch
+
+
+class EpochShuffleSampler(RandomSampler):
+    """A shuffle whose order depends only on ``seed`` and the epoch Lightning sets.
+
+    Subclassing ``RandomSampler`` tells Lightning the loader shuffles, so under DDP it swaps in
+    a ``DistributedSampler`` (also seeded by seed + epoch) that gives each rank a disjoint shard.
+    """
+
+    def __init__(self, data_source: Sequence, seed: int = 0) -> None:
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(len(self.data_source), generator=generator).tolist())
+
+
+class MNISTDataModule(L.LightningDataModule):
+    """Train/val split of the MNIST training file (seeded), and the 10,000-image test file."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike | None = None,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        val_size: int = 5000,
+        seed: int = 0,
+        loader: str = "memory",
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        if loader not in LOADERS:
+            raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+        self.data_dir = resolve_data_dir(data_dir)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.val_size = val_size
+        self.seed = seed
+        self.loader = loader
+        self.download = download
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+
+    def prepare_data(self) -> None:
+        """Download MNIST only when a file is missing; explain what is needed when that fails."""
+        missing = missing_files(self.data_dir)
+        if not missing:
+            return
+        if self.download:
+            try:
+                for train in (True, False):
+                    datasets.MNIST(self.data_dir, train=train, download=True)
+            except Exception:  # noqa: BLE001 - any failure means the same thing to the user
+                pass
+            missing = missing_files(self.data_dir)
+        if missing:
+            raise MNISTDataError(
+                f"MNIST not found in {raw_folder(self.data_dir)} and it could not be downloaded; "
+                f"put the four uncompressed files there ({', '.join(RAW_FILES)}) "
+                "or point --data-dir / DATA_DIR at a folder that has MNIST/raw/"
+            )
+
+    def _mnist(self, train: bool) -> datasets.MNIST:
+        self.prepare_data()
+        transform = None
+        if self.loader == "torchvision":
+            transform = transforms.Compose(
+                [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]
+            )
+        return datasets.MNIST(self.data_dir, train=train, transform=transform)
+
+    def _as_split(self, mnist: datasets.MNIST) -> Dataset:
+        if self.loader == "torchvision":
+            return mnist
+        return TensorMNIST(normalize(mnist.data), mnist.targets.clone())
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = self._as_split(self._mnist(train=True))
+            if not 0 < self.val_size < len(full):
+                raise MNISTDataError(
+                    f"val_size {self.val_size} must be between 0 and the {len(full)} training images"
+                )
+            train, val = split_indices(len(full), self.val_size, self.seed)
+            self.train_set = self._materialise(Subset(full, train))
+            self.val_set = self._materialise(Subset(full, val))
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = self._materialise(self._as_split(self._mnist(train=False)))
+
+    def _materialise(self, split: Dataset) -> Dataset:
+        """Gather a subset of tensors into its own tensors, on the device the run trains on."""
+        if isinstance(split, Subset) and isinstance(split.dataset, TensorMNIST):
+            split = split.dataset.__getitems__(split.indices)
+            split = TensorMNIST(*split)
+        if isinstance(split, TensorMNIST):
+            device = self._device()
+            if device.type != "cpu":
+                split = split.to(device)
+        return split
+
+    def _device(self) -> torch.device:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return torch.device("cpu")
+        return trainer.strategy.root_device
+
+    def _loader(self, dataset: Dataset | None, batch_size: int, shuffle: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("setup() must run before the dataloaders are requested")
+        sampler = EpochShuffleSampler(dataset, self.seed) if shuffle else None
+        if isinstance(dataset, TensorMNIST):
+            # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()

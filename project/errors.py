@@ -1,0 +1,37 @@
+"""User-facing errors: scripts print their message in one line instead of a traceback."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad flag, missing file); reported without a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(UserError):
+    """A bad command-line request, reported like argparse does (exit code 2)."""
+
+    exit_code = 2
+
+
+def run_cli(main: Callable[[], int | None], prog: str) -> None:
+    """Run a script's ``main``, turning ``UserError`` into one line on stderr.
+
+    ``--debug`` anywhere on the command line shows the full traceback instead.
+    """
+    try:
+        code = main()
+    except UserError as err:
+        if "--debug" in sys.argv:
+            traceback.print_exc()
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

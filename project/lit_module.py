@@ -1,0 +1,131 @@
+"""The training recipe: steps, metrics and optimisers around the plain ``MLP``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
+from project.model import MLP
+
+
+def _accuracy() -> MulticlassAccuracy:
+    # validate_args=False: the inputs are ours and well-formed; the checks cost a host sync per step.
+    return MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro", validate_args=False)
+
+
+class LitMNIST(L.LightningModule):
+    """Classifies MNIST with the article's MLP, trained with ``NLLLoss`` on log-probabilities."""
+
+    def __init__(
+        self,
+        hidden: Sequence[int] = (128,),
+        optimizer: str = "sgd",
+        lr: float = 0.2,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        scheduler: str = "onecycle",
+    ) -> None:
+        super().__init__()
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
+        # Plain values only, so checkpoints load under torch.load(weights_only=True).
+        self.save_hyperparameters(
+            {
+                "hidden": [int(h) for h in hidden],
+                "optimizer": optimizer,
+                "lr": float(lr),
+                "momentum": float(momentum),
+                "weight_decay": float(weight_decay),
+                "scheduler": scheduler,
+            },
+            logger=False,
+        )
+        self.model = MLP(hidden)
+        self.loss_fn = nn.NLLLoss()
+        self.train_acc, self.val_acc, self.test_acc = _accuracy(), _accuracy(), _accuracy()
+        # No train loss metric: the step losses the logger writes are the training curve,
+        # and a per-step MeanMetric update would cost more than the MLP's own step.
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        log_probs = self.model(x)
+        loss = self.loss_fn(log_probs, y)
+        self.train_acc.update(log_probs.detach(), y)
+        # self.log costs more than the MLP's step: only the steps the logger writes pay for it.
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss", loss.detach(), prog_bar=True)
+        return loss
+
+    def _eval_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], loss: MeanMetric, acc: MulticlassAccuracy
+    ) -> None:
+        x, y = batch
+        log_probs = self.model(x)
+        loss.update(self.loss_fn(log_probs, y), weight=y.shape[0])
+        acc.update(log_probs, y)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.val_loss, self.val_acc)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.test_loss, self.test_acc)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(x).exp()
+
+    def _log_epoch(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy) -> None:
+        # compute() syncs across DDP ranks, so these are whole-split numbers on every rank.
+        self.log(f"{stage}/loss", loss.compute(), prog_bar=True)
+        self.log(f"{stage}/acc", acc.compute(), prog_bar=True)
+        loss.reset()
+        acc.reset()
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/acc", self.train_acc.compute(), prog_bar=True)
+        self.train_acc.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            self.val_loss.reset()
+            self.val_acc.reset()
+            return
+        self.val_acc_best.update(self.val_acc.compute())
+        self._log_epoch("val", self.val_loss, self.val_acc)
+        self.log("val/acc_best", self.val_acc_best.compute())
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test", self.test_loss, self.test_acc)
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = self.model.parameters()
+        if hp.optimizer == "sgd":
+            optimizer = torch.optim.SGD(
+                params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+                nesterov=hp.momentum > 0,
+            )
+        elif hp.optimizer == "adam":
+            optimizer = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        if hp.scheduler == "none":
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=hp.lr, total_steps=int(self.trainer.estimated_stepping_batches)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,128 @@
+"""Builds the Trainer for ``scripts/train.py`` and reports what a run produced."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from project.callbacks import EpochStats, FiniteLossGuard
+from project.errors import UsageError
+from project.model import MLP, export_state_dict
+
+# Harmless for this template: the in-memory loader needs no workers, a 5,000-image validation
+# set gives fewer batches than the logging interval, and Lightning's own use of a torch API
+# that torch has deprecated is not ours to fix.
+_QUIET_WARNINGS = (
+    r".*does not have many workers.*",
+    r".*is smaller than the logging interval.*",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+)
+# Advertising, not information about the run.
+_QUIET_LOG_PREFIXES = ("💡 Tip:",)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_QUIET_LOG_PREFIXES)
+
+
+def quiet_known_warnings() -> None:
+    """Silence, by message, the console noise that says nothing about this template's run."""
+    for message in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_DropAdverts())
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """What ``auto`` means on this machine: ``cuda``, ``mps`` or ``cpu``."""
+    if accelerator != "auto":
+        return "cuda" if accelerator == "gpu" else accelerator
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """fp16 autocast does not exist on CPU; bf16 autocast is the CPU's mixed precision."""
+    if resolve_accelerator(accelerator) == "cpu" and precision in ("16-mixed", "16"):
+        rank_zero_info("note: fp16 mixed precision is not available on CPU; using bf16-mixed")
+        return "bf16-mixed"
+    return precision
+
+
+def find_last_checkpoint(logdir: str | os.PathLike, name: str) -> Path:
+    """The ``last.ckpt`` of the newest run (highest version) under ``logdir/name``."""
+    runs = []
+    for folder in Path(logdir, name).glob("version_*"):
+        match = re.fullmatch(r"version_(\d+)", folder.name)
+        if match and (folder / "checkpoints" / "last.ckpt").is_file():
+            runs.append((int(match.group(1)), folder / "checkpoints" / "last.ckpt"))
+    if not runs:
+        raise UsageError(f"--resume last: no run with checkpoints/last.ckpt under {Path(logdir, name)}")
+    return max(runs)[1]
+
+
+def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) -> L.Trainer:
+    """A Trainer whose per-step bookkeeping stays a small fraction of the MLP's step.
+
+    ``overrides`` are extra ``Trainer`` arguments (the benchmark turns the progress bar off).
+    """
+    logger: Any = False
+    callbacks: list[Any] = [FiniteLossGuard()]
+    if not args.fast_dev_run:
+        logger = TensorBoardLogger(args.logdir, name=args.name, default_hp_metric=False)
+        callbacks += [
+            ModelCheckpoint(
+                monitor="val/acc", mode="max", save_top_k=1, save_last=True,
+                filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False,
+            ),
+            LearningRateMonitor(logging_interval="step"),
+            EpochStats(),
+        ]
+    if overrides.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=25))
+    settings: dict[str, Any] = dict(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy=args.strategy,
+        precision=precision,
+        max_epochs=args.max_epochs,
+        deterministic=args.deterministic,
+        fast_dev_run=args.fast_dev_run,
+        logger=logger,
+        callbacks=callbacks,
+        log_every_n_steps=args.log_every_n_steps,
+        enable_model_summary=False,
+    )
+    return L.Trainer(**{**settings, **overrides})
+
+
+def save_weights(model: MLP, path: str | os.PathLike) -> Path:
+    """Write the article-compatible ``model.pth`` (input normalisation folded in)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(export_state_dict(model), path)
+    return path
+
+
+def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], results: dict[str, float]) -> None:
+    """Fill TensorBoard's HPARAMS tab with the run's real best/test accuracy."""
+    if isinstance(trainer.logger, TensorBoardLogger):
+        trainer.logger.log_hyperparams(hparams, results)
+        trainer.logger.save()

@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Train the MNIST MLP, test its best checkpoint, export ``model.pth`` and print a summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from project.cli import parse_args  # noqa: E402  (light: argparse only)
+from project.errors import run_cli  # noqa: E402
+
+
+def main() -> int:
+    started = time.perf_counter()
+    args = parse_args()
+
+    import lightning as L
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from project import training
+    from project.datamodule import MNISTDataModule
+    from project.lit_module import LitMNIST
+
+    training.quiet_known_warnings()
+    L.seed_everything(args.seed, workers=True, verbose=False)
+    precision = training.resolve_precision(args.precision, args.accelerator)
+    ckpt_path = training.find_last_checkpoint(args.logdir, args.name) if args.resume == "last" else args.resume
+
+    datamodule = MNISTDataModule(
+        data_dir=args.data_dir, batch_size=args.batch_size, num_workers=args.num_workers,
+        pin_memory=args.pin_memory, seed=args.seed, loader=args.loader,
+    )
+    datamodule.prepare_data()  # a missing dataset is reported before any process starts
+    model = LitMNIST(
+        hidden=args.hidden, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, scheduler=args.scheduler,
+    )
+    trainer = training.build_trainer(args, precision)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    checkpoint = trainer.checkpoint_callback
+    # Read before test(): restoring the best checkpoint also restores this callback's old state.
+    best, last = (checkpoint.best_model_path, checkpoint.last_model_path) if checkpoint else (None, None)
+    best_val = float(checkpoint.best_model_score) if best else float("nan")
+    test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False)[0]
+    if not trainer.is_global_zero:
+        return 0
+
+    global_batch = args.batch_size * trainer.num_devices * trainer.num_nodes
+    lines = [
+        f"test/acc {test_metrics['test/acc']:.4f}   test/loss {test_metrics['test/loss']:.4f}",
+        f"global batch {global_batch} = {args.batch_size} per device x {trainer.num_devices} device(s)"
+        f" x {trainer.num_nodes} node(s); world size {trainer.world_size}; precision {precision}",
+    ]
+    if not args.fast_dev_run:
+        run_dir = Path(trainer.logger.log_dir)
+        weights = training.save_weights(model.model, args.export or run_dir / "model.pth")
+        training.log_hparams_with_results(
+            trainer,
+            {**model.hparams, "batch_size": args.batch_size, "global_batch": global_batch,
+             "max_epochs": args.max_epochs, "precision": precision, "seed": args.seed,
+             "loader": args.loader, "world_size": trainer.world_size},
+            {"hp/val_acc_best": best_val, "hp/test_acc": test_metrics["test/acc"]},
+        )
+        lines += [
+            f"best checkpoint  {best}  (val/acc {best_val:.4f})",
+            f"last checkpoint  {last}",
+            f"weights          {weights}  (loads into the article's nn.Sequential)",
+            f"TensorBoard      tensorboard --logdir {run_dir}",
+        ]
+    lines.append(f"wall time {time.perf_counter() - started:.1f} s")
+    rank_zero_info("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main, "train.py")
