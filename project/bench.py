@@ -75,7 +75,7 @@ def _evaluate(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> 
     with torch.no_grad():
         correct = sum(
             int((model(x.reshape(len(x), -1)).argmax(1) == y).sum())
-            for x, y in zip(images.split(1000), targets.split(1000))
+            for x, y in zip(images.split(1000), targets.split(1000), strict=True)
         )
     model.train()
     return correct / len(targets)

@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true (16-mixed on CPU uses bf16-mixed)")
 
     opt = parser.add_argument_group("recipe")
-    opt.add_argument("--max-epochs", type=positive_int, default=8)
+    opt.add_argument("--max-epochs", type=positive_int, default=6)
     opt.add_argument("--batch-size", type=positive_int, default=256, help="per device")
     opt.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
     opt.add_argument("--lr", type=positive_float, default=0.2, help="peak LR under onecycle")
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     data = parser.add_argument_group("data")
     data.add_argument("--data-dir", default=None,
                       help="folder holding MNIST/raw/ (default: $DATA_DIR, else data/)")
+    data.add_argument("--val-size", type=positive_int, default=5000,
+                      help="images of the training file held out for validation (seeded split)")
     data.add_argument("--loader", default="memory", choices=LOADERS,
                       help="memory: whole split as one tensor, batches by gather; torchvision: per-sample")
     data.add_argument("--num-workers", type=non_negative_int, default=0, help="torchvision loader only")

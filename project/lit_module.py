@@ -12,6 +12,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
+from project.errors import UserError
 from project.model import MLP
 
 
@@ -110,6 +111,23 @@ class LitMNIST(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test", self.test_loss, self.test_acc)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a resume whose flags contradict the checkpoint, before any state is loaded."""
+        saved = checkpoint.get("hyper_parameters", {})
+        if saved.get("hidden") is not None and list(saved["hidden"]) != list(self.hparams.hidden):
+            raise UserError(
+                f"the checkpoint has hidden sizes {saved['hidden']}, this run asks for "
+                f"{list(self.hparams.hidden)}; resume with --hidden {','.join(map(str, saved['hidden']))}"
+            )
+        schedulers = checkpoint.get("lr_schedulers") or []
+        if self.trainer.training and schedulers and "total_steps" in schedulers[0]:
+            planned, now = schedulers[0]["total_steps"], int(self.trainer.estimated_stepping_batches)
+            if planned != now:
+                raise UserError(
+                    f"the checkpoint's onecycle schedule spans {planned} steps but these flags give {now}; "
+                    "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
+                )
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams

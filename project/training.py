@@ -88,9 +88,12 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         logger = TensorBoardLogger(args.logdir, name=args.name, default_hp_metric=False)
         callbacks += [
             ModelCheckpoint(
-                monitor="val/acc", mode="max", save_top_k=1, save_last=True,
+                monitor="val/acc", mode="max", save_top_k=1,
                 filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False,
             ),
+            # Not save_last=True: Lightning writes that only when the best improves, and a
+            # resume needs the newest state whether or not it was the best.
+            ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False),
             LearningRateMonitor(logging_interval="step"),
             EpochStats(),
         ]
@@ -111,6 +114,15 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         enable_model_summary=False,
     )
     return L.Trainer(**{**settings, **overrides})
+
+
+def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
+    """Best and last checkpoint paths, and the best ``val/acc`` (None when nothing was saved)."""
+    callbacks = trainer.checkpoint_callbacks
+    if len(callbacks) < 2 or not callbacks[0].best_model_path:
+        return None, None, float("nan")
+    best, last = callbacks[0], callbacks[1]
+    return best.best_model_path, last.best_model_path, float(best.best_model_score)
 
 
 def save_weights(model: MLP, path: str | os.PathLike) -> Path:

@@ -31,7 +31,7 @@ def main() -> int:
 
     datamodule = MNISTDataModule(
         data_dir=args.data_dir, batch_size=args.batch_size, num_workers=args.num_workers,
-        pin_memory=args.pin_memory, seed=args.seed, loader=args.loader,
+        pin_memory=args.pin_memory, val_size=args.val_size, seed=args.seed, loader=args.loader,
     )
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     model = LitMNIST(
@@ -40,11 +40,9 @@ def main() -> int:
     )
     trainer = training.build_trainer(args, precision)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    checkpoint = trainer.checkpoint_callback
-    # Read before test(): restoring the best checkpoint also restores this callback's old state.
-    best, last = (checkpoint.best_model_path, checkpoint.last_model_path) if checkpoint else (None, None)
-    best_val = float(checkpoint.best_model_score) if best else float("nan")
-    test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False)[0]
+    # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
+    best, last, best_val = training.checkpoint_paths(trainer)
+    test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     if not trainer.is_global_zero:
         return 0
 

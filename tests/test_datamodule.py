@@ -1,0 +1,96 @@
+import pytest
+import torch
+from torchvision import datasets, transforms
+
+from project import MNIST_MEAN, MNIST_STD
+from project.datamodule import RAW_FILES, EpochShuffleSampler, MNISTDataError, MNISTDataModule, TensorMNIST
+
+
+def make_dm(data_dir, **kwargs):
+    dm = MNISTDataModule(data_dir, batch_size=32, val_size=40, **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    return dm
+
+
+@pytest.mark.parametrize("loader", ["memory", "torchvision"])
+def test_split_lengths_shapes_and_dtypes(tiny_mnist, loader):
+    dm = make_dm(tiny_mnist, loader=loader)
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (200, 40, 80)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 1, 28, 28) and x.dtype == torch.float32
+    assert y.shape == (32,) and y.dtype == torch.int64
+    assert sum(len(b[1]) for b in dm.val_dataloader()) == 40
+    assert sum(len(b[1]) for b in dm.test_dataloader()) == 80
+
+
+def test_normalisation_matches_to_tensor_and_normalize(tiny_mnist):
+    dm = make_dm(tiny_mnist)
+    reference = datasets.MNIST(tiny_mnist, train=False, transform=transforms.Compose(
+        [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]))
+    for i in (0, 17, 79):
+        x, y = reference[i]
+        assert torch.equal(dm.test_set.images[i], x)
+        assert int(dm.test_set.targets[i]) == y
+    lowest = (0 - MNIST_MEAN) / MNIST_STD
+    assert dm.test_set.images.min().item() == pytest.approx(lowest, abs=1e-6)
+
+
+def test_in_memory_batches_equal_torchvision_samples_for_the_same_indices(tiny_mnist):
+    memory = make_dm(tiny_mnist, loader="memory")
+    classic = make_dm(tiny_mnist, loader="torchvision")
+    indices = [5, 0, 199, 42, 7]
+    images, labels = memory.train_set.__getitems__(indices)
+    for row, index in enumerate(indices):
+        x, y = classic.train_set[index]
+        assert torch.equal(images[row], x)
+        assert int(labels[row]) == y
+
+
+def test_seeded_split_is_reproducible_and_seed_dependent(tiny_mnist):
+    a, b, c = make_dm(tiny_mnist, seed=1), make_dm(tiny_mnist, seed=1), make_dm(tiny_mnist, seed=2)
+    assert torch.equal(a.val_set.targets, b.val_set.targets)
+    assert torch.equal(a.val_set.images, b.val_set.images)
+    assert not torch.equal(a.val_set.images, c.val_set.images)
+
+
+def test_epoch_order_differs_per_epoch_and_is_reproducible_from_the_seed():
+    data = range(100)
+    sampler = EpochShuffleSampler(data, seed=3)
+    epoch0 = list(sampler)
+    assert sorted(epoch0) == list(range(100))
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert epoch1 != epoch0
+    again = EpochShuffleSampler(data, seed=3)
+    again.set_epoch(1)
+    assert list(again) == epoch1
+    assert list(EpochShuffleSampler(data, seed=4)) != epoch0
+
+
+def test_batches_are_one_gather(tiny_mnist):
+    dm = make_dm(tiny_mnist)
+    loader = dm.train_dataloader()
+    assert isinstance(loader.dataset, TensorMNIST)
+    seen = torch.cat([y for _, y in loader])
+    assert len(seen) == 200
+    assert torch.equal(seen.sort().values, dm.train_set.targets.sort().values)
+
+
+def test_missing_data_gives_one_clear_message(tmp_path):
+    dm = MNISTDataModule(tmp_path / "nowhere", download=False)
+    with pytest.raises(MNISTDataError) as err:
+        dm.prepare_data()
+    message = str(err.value)
+    assert str(tmp_path / "nowhere" / "MNIST" / "raw") in message
+    assert all(name in message for name in RAW_FILES)
+    assert "\n" not in message
+
+
+def test_data_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "env"))
+    assert MNISTDataModule().data_dir == tmp_path / "env"
+    assert MNISTDataModule(tmp_path / "flag").data_dir == tmp_path / "flag"
+    monkeypatch.delenv("DATA_DIR")
+    assert str(MNISTDataModule().data_dir) == "data"
