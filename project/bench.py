@@ -22,6 +22,7 @@ from torchvision import datasets, transforms
 
 from project import training
 from project.datamodule import MNISTDataModule, normalize, split_indices
+from project.devices import resolve_accelerator, resolve_precision
 from project.model import build_sequential
 
 NAMES = {
@@ -152,9 +153,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     training.quiet_known_warnings()
     data_dir = resolve_data_dir(args.data_dir)
     MNISTDataModule(data_dir).prepare_data()
-    accelerator = training.resolve_accelerator(args.accelerator)
+    accelerator = resolve_accelerator(args.accelerator)
     device = torch.device(accelerator)
-    precision = training.resolve_precision(args.precision, accelerator)
+    precision = resolve_precision(args.precision, accelerator)
     train_idx = _train_split(data_dir, args.limit)
     rows = []
     runners: dict[str, Callable[[], tuple[list[float], float]]] = {

@@ -73,6 +73,24 @@ class EpochStats(Callback):
         }
 
 
+class GpuMemoryFraction(Callback):
+    """Caps this process's CUDA caching allocator; under DDP each rank caps its own device."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(self.fraction, device)
+
+
+def release_cuda_cache() -> None:
+    """Hand cached, unused CUDA blocks back to the driver (other processes can use them)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 class FiniteLossGuard(Callback):
     """Stops at the first non-finite training loss, before a checkpoint can store broken weights.
 

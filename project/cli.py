@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from project import LOADERS, OPTIMIZERS, SCHEDULERS, __version__
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+BASE_BATCH = 256  # the batch the default --lr is tuned for; --scale-lr scales from it
 
 
 def positive_int(text: str) -> int:
@@ -43,6 +46,13 @@ def _number(text: str, kind: type) -> int | float:
         return kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a valid {kind.__name__}: {text!r}") from None
+
+
+def memory_fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 def hidden_sizes(text: str) -> list[int]:
@@ -86,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="count per node (2), all (-1), or indices (0,1 or 1, for cuda:1)")
     hw.add_argument("--num-nodes", type=positive_int, default=1)
     hw.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...")
-    hw.add_argument("--precision", default="32",
+    hw.add_argument("--precision", default="32", choices=PRECISIONS, metavar="PRECISION",
                     help="32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true (16-mixed on CPU uses bf16-mixed)")
+    hw.add_argument("--gpu-memory-fraction", type=memory_fraction, default=None, metavar="F",
+                    help="cap each process's CUDA memory at this share of its GPU (0 < F <= 1)")
+    hw.add_argument("--device-stats", action="store_true", help="log device utilisation (DeviceStatsMonitor)")
+    hw.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                    help="torch.compile the model (mode; reduce-overhead uses CUDA graphs on GPU)")
+    hw.add_argument("--detect-anomaly", action="store_true", help="autograd anomaly detection (slow; debugging)")
 
     opt = parser.add_argument_group("recipe")
     opt.add_argument("--max-epochs", type=positive_int, default=6)
@@ -98,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--weight-decay", type=non_negative_float, default=5e-4)
     opt.add_argument("--scheduler", default="onecycle", choices=SCHEDULERS)
     opt.add_argument("--hidden", type=hidden_sizes, default=[128], help="hidden widths, e.g. 128 or 256,128")
+    opt.add_argument("--scale-lr", action="store_true",
+                     help=f"linear scaling rule: lr x global batch / {BASE_BATCH}")
+    opt.add_argument("--find-lr", action="store_true", help="run Lightning's LR finder first and use its pick")
+    opt.add_argument("--find-batch-size", action="store_true",
+                     help="run Lightning's batch-size finder first (largest batch that fits) and use it")
     opt.add_argument("--seed", type=int, default=0)
     opt.add_argument("--deterministic", action="store_true", help="use only deterministic algorithms")
 

@@ -57,6 +57,7 @@ class LitMNIST(L.LightningModule):
         # and a per-step MeanMetric update would cost more than the MLP's own step.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
+        self._schedule_restored = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -113,19 +114,26 @@ class LitMNIST(L.LightningModule):
         self._log_epoch("test", self.test_loss, self.test_acc)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a resume whose flags contradict the checkpoint, before any state is loaded."""
+        """Refuse a resume into a model of another shape, before any weights are loaded."""
+        self._schedule_restored = bool(checkpoint.get("lr_schedulers"))
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("hidden") is not None and list(saved["hidden"]) != list(self.hparams.hidden):
             raise UserError(
                 f"the checkpoint has hidden sizes {saved['hidden']}, this run asks for "
                 f"{list(self.hparams.hidden)}; resume with --hidden {','.join(map(str, saved['hidden']))}"
             )
-        schedulers = checkpoint.get("lr_schedulers") or []
-        if self.trainer.training and schedulers and "total_steps" in schedulers[0]:
-            planned, now = schedulers[0]["total_steps"], int(self.trainer.estimated_stepping_batches)
-            if planned != now:
+
+    def on_train_start(self) -> None:
+        """A one-cycle schedule restored from a checkpoint must span the steps these flags will run."""
+        if not self._schedule_restored:
+            return
+        self._schedule_restored = False
+        planned = int(self.trainer.estimated_stepping_batches)
+        for config in self.trainer.lr_scheduler_configs:
+            total = getattr(config.scheduler, "total_steps", None)
+            if total is not None and total != planned:
                 raise UserError(
-                    f"the checkpoint's onecycle schedule spans {planned} steps but these flags give {now}; "
+                    f"the checkpoint's onecycle schedule spans {total} steps but these flags give {planned}; "
                     "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
                 )
 

@@ -12,11 +12,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
 
-from project.callbacks import EpochStats, FiniteLossGuard
+from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction
 from project.errors import UsageError
 from project.model import MLP, export_state_dict
 
@@ -28,8 +27,8 @@ _QUIET_WARNINGS = (
     r".*is smaller than the logging interval.*",
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
 )
-# Advertising, not information about the run.
-_QUIET_LOG_PREFIXES = ("💡 Tip:",)
+# Advertising, and the tuner's note on reloading its own temporary checkpoint.
+_QUIET_LOG_PREFIXES = ("💡 Tip:", "`weights_only` was not set")
 
 
 class _DropAdverts(logging.Filter):
@@ -44,25 +43,6 @@ def quiet_known_warnings() -> None:
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(_DropAdverts())
-
-
-def resolve_accelerator(accelerator: str) -> str:
-    """What ``auto`` means on this machine: ``cuda``, ``mps`` or ``cpu``."""
-    if accelerator != "auto":
-        return "cuda" if accelerator == "gpu" else accelerator
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """fp16 autocast does not exist on CPU; bf16 autocast is the CPU's mixed precision."""
-    if resolve_accelerator(accelerator) == "cpu" and precision in ("16-mixed", "16"):
-        rank_zero_info("note: fp16 mixed precision is not available on CPU; using bf16-mixed")
-        return "bf16-mixed"
-    return precision
 
 
 def find_last_checkpoint(logdir: str | os.PathLike, name: str) -> Path:
@@ -84,6 +64,8 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
     """
     logger: Any = False
     callbacks: list[Any] = [FiniteLossGuard()]
+    if getattr(args, "gpu_memory_fraction", None) is not None:
+        callbacks.append(GpuMemoryFraction(args.gpu_memory_fraction))
     if not args.fast_dev_run:
         logger = TensorBoardLogger(args.logdir, name=args.name, default_hp_metric=False)
         callbacks += [
@@ -97,6 +79,8 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
             LearningRateMonitor(logging_interval="step"),
             EpochStats(),
         ]
+        if getattr(args, "device_stats", False):
+            callbacks.append(DeviceStatsMonitor(cpu_stats=True))
     if overrides.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=25))
     settings: dict[str, Any] = dict(
@@ -107,11 +91,13 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         precision=precision,
         max_epochs=args.max_epochs,
         deterministic=args.deterministic,
+        detect_anomaly=getattr(args, "detect_anomaly", False),
         fast_dev_run=args.fast_dev_run,
         logger=logger,
         callbacks=callbacks,
         log_every_n_steps=args.log_every_n_steps,
         enable_model_summary=False,
+        default_root_dir=args.logdir,  # where the tuner's temporary checkpoints go
     )
     return L.Trainer(**{**settings, **overrides})
 
@@ -138,3 +124,43 @@ def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], result
     if isinstance(trainer.logger, TensorBoardLogger):
         trainer.logger.log_hyperparams(hparams, results)
         trainer.logger.save()
+
+
+def tune(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule,
+         args: argparse.Namespace) -> None:
+    """Apply --find-batch-size, --find-lr and --scale-lr, in that order, before training."""
+    wants_tuner = args.find_batch_size or args.find_lr
+    if wants_tuner and trainer.world_size > 1:
+        raise UsageError("--find-batch-size and --find-lr run on one device; tune first, then train with DDP")
+    if wants_tuner and args.resume:
+        raise UsageError("--find-batch-size and --find-lr tune a new run; they cannot be combined with --resume")
+    if wants_tuner and args.fast_dev_run:
+        raise UsageError("--find-batch-size and --find-lr need real training steps; drop --fast-dev-run")
+    if not wants_tuner and not args.scale_lr:
+        return
+    from lightning.pytorch.tuner import Tuner
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from project.cli import BASE_BATCH
+
+    tuner = Tuner(trainer)
+    if args.find_batch_size:
+        found = tuner.scale_batch_size(model, datamodule=datamodule, mode="power", steps_per_trial=3,
+                                       init_val=datamodule.batch_size, max_trials=6)
+        note = " (CPU memory never runs out here: the finder stopped at its trial limit)" \
+            if trainer.strategy.root_device.type == "cpu" else ""
+        rank_zero_info(f"batch-size finder: using --batch-size {found}{note}")
+    if args.find_lr:
+        finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-5, max_lr=1.0, num_training=100)
+        suggestion = finder.suggestion() if finder else None
+        if suggestion:
+            model.hparams.lr = float(suggestion)
+        plot = Path(trainer.logger.log_dir if trainer.logger else ".") / "lr_find.png"
+        if finder:
+            plot.parent.mkdir(parents=True, exist_ok=True)
+            finder.plot(suggest=True).savefig(plot)
+        rank_zero_info(f"LR finder: using lr {model.hparams.lr:g} (plot: {plot})")
+    elif args.scale_lr:
+        global_batch = datamodule.batch_size * trainer.num_devices * trainer.num_nodes
+        model.hparams.lr = args.lr * global_batch / BASE_BATCH
+        rank_zero_info(f"--scale-lr: lr {args.lr:g} x {global_batch}/{BASE_BATCH} = {model.hparams.lr:g}")

@@ -21,12 +21,15 @@ def main() -> int:
     from lightning.pytorch.utilities import rank_zero_info
 
     from project import training
+    from project.callbacks import peak_memory_mb, release_cuda_cache
     from project.datamodule import MNISTDataModule
+    from project.devices import resolve_precision, validate_hardware
     from project.lit_module import LitMNIST
 
     training.quiet_known_warnings()
+    validate_hardware(args)
     L.seed_everything(args.seed, workers=True, verbose=False)
-    precision = training.resolve_precision(args.precision, args.accelerator)
+    precision = resolve_precision(args.precision, args.accelerator)
     ckpt_path = training.find_last_checkpoint(args.logdir, args.name) if args.resume == "last" else args.resume
 
     datamodule = MNISTDataModule(
@@ -38,26 +41,36 @@ def main() -> int:
         hidden=args.hidden, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, scheduler=args.scheduler,
     )
+    if args.compile:
+        model.model.compile(mode=None if args.compile == "default" else args.compile)
     trainer = training.build_trainer(args, precision)
+    training.tune(trainer, model, datamodule, args)
+
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    release_cuda_cache()
     # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
     best, last, best_val = training.checkpoint_paths(trainer)
     test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    release_cuda_cache()
     if not trainer.is_global_zero:
         return 0
 
-    global_batch = args.batch_size * trainer.num_devices * trainer.num_nodes
+    global_batch = datamodule.batch_size * trainer.num_devices * trainer.num_nodes
+    device = trainer.strategy.root_device
+    memory_kind = "max allocated on " + str(device) if device.type == "cuda" else "peak resident set"
     lines = [
         f"test/acc {test_metrics['test/acc']:.4f}   test/loss {test_metrics['test/loss']:.4f}",
-        f"global batch {global_batch} = {args.batch_size} per device x {trainer.num_devices} device(s)"
-        f" x {trainer.num_nodes} node(s); world size {trainer.world_size}; precision {precision}",
+        f"global batch {global_batch} = {datamodule.batch_size} per device x {trainer.num_devices} device(s)"
+        f" x {trainer.num_nodes} node(s); world size {trainer.world_size}; precision {precision};"
+        f" lr {model.hparams.lr:g}",
+        f"peak memory {peak_memory_mb(device):.0f} MiB ({memory_kind})",
     ]
     if not args.fast_dev_run:
         run_dir = Path(trainer.logger.log_dir)
         weights = training.save_weights(model.model, args.export or run_dir / "model.pth")
         training.log_hparams_with_results(
             trainer,
-            {**model.hparams, "batch_size": args.batch_size, "global_batch": global_batch,
+            {**model.hparams, "batch_size": datamodule.batch_size, "global_batch": global_batch,
              "max_epochs": args.max_epochs, "precision": precision, "seed": args.seed,
              "loader": args.loader, "world_size": trainer.world_size},
             {"hp/val_acc_best": best_val, "hp/test_acc": test_metrics["test/acc"]},

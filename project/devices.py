@@ -1,0 +1,96 @@
+"""Which hardware a run asks for, checked against what this machine has before the Trainer starts."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from project.errors import UsageError
+
+# Lightning's shorthands, spelled out so that Lightning does not warn about them.
+_PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """What ``auto`` means on this machine (``cuda``, ``mps`` or ``cpu``); ``gpu`` means ``cuda``."""
+    if accelerator in ("gpu", "cuda"):
+        return "cuda"
+    if accelerator != "auto":
+        return accelerator
+    if torch.cuda.is_available():
+        return "cuda"
+    if mps_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """Lightning's precision string for this run; fp16 autocast does not exist on CPU, bf16 does."""
+    precision = _PRECISION_ALIASES.get(precision, precision)
+    if resolve_accelerator(accelerator) == "cpu" and precision == "16-mixed":
+        rank_zero_info("note: fp16 mixed precision is not available on CPU; using bf16-mixed")
+        return "bf16-mixed"
+    return precision
+
+
+def _what_is_here() -> str:
+    if mps_available():
+        return "an Apple GPU (use --accelerator mps) and the CPU"
+    return "only the CPU"
+
+
+def validate_hardware(args: argparse.Namespace) -> str:
+    """Refuse, in one line, a request this machine cannot serve; return the resolved accelerator."""
+    accelerator = resolve_accelerator(args.accelerator)
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UsageError(
+            f"--accelerator {args.accelerator}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
+            f"this machine has {_what_is_here()}. Use --accelerator cpu, or see scripts/check_gpu.py"
+        )
+    if accelerator == "mps" and not mps_available():
+        raise UsageError(f"--accelerator mps: no Apple GPU (MPS) here; this machine has {_what_is_here()}")
+    devices = args.devices
+    if accelerator == "cuda":
+        count = torch.cuda.device_count()
+        if isinstance(devices, int) and devices > count:
+            raise UsageError(f"--devices {devices}: only {count} CUDA GPU(s) visible (indices 0..{count - 1})")
+        if isinstance(devices, list):
+            missing = [i for i in devices if i >= count]
+            if missing:
+                raise UsageError(
+                    f"--devices: GPU index {missing[0]} does not exist; {count} visible (indices 0..{count - 1})"
+                )
+    elif isinstance(devices, list):
+        raise UsageError(
+            f"--devices {','.join(map(str, devices))}: device indices select GPUs; on {accelerator} give a "
+            "process count instead, e.g. --devices 2"
+        )
+    fraction = getattr(args, "gpu_memory_fraction", None)
+    if fraction is not None and accelerator != "cuda":
+        raise UsageError(
+            f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
+        )
+    _validate_strategy(args.strategy)
+    return accelerator
+
+
+def _validate_strategy(strategy: str) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if strategy in ("dp", "dataparallel"):
+        raise UsageError(
+            f"--strategy {strategy}: Lightning 2 removed DataParallel; use --strategy ddp (one process per device)"
+        )
+    known = set(StrategyRegistry.available_strategies()) | {"auto", "ddp", "ddp_spawn", "fsdp"}
+    if strategy not in known:
+        raise UsageError(
+            f"--strategy {strategy!r} is not a Lightning strategy; common ones: auto, ddp, ddp_spawn, "
+            "ddp_find_unused_parameters_false, fsdp (all: lightning.pytorch.strategies.StrategyRegistry)"
+        )
