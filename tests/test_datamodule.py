@@ -18,7 +18,8 @@ def make_dm(data_dir, **kwargs):
 def test_split_lengths_shapes_and_dtypes(tiny_mnist, loader):
     dm = make_dm(tiny_mnist, loader=loader)
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (200, 40, 80)
-    x, y = next(iter(dm.train_dataloader()))
+    x, y = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert x.min().item() == pytest.approx(-MNIST_MEAN / MNIST_STD, abs=1e-5)
     assert x.shape == (32, 1, 28, 28) and x.dtype == torch.float32
     assert y.shape == (32,) and y.dtype == torch.int64
     assert sum(len(b[1]) for b in dm.val_dataloader()) == 40
@@ -42,10 +43,12 @@ def test_in_memory_batches_equal_torchvision_samples_for_the_same_indices(tiny_m
     classic = make_dm(tiny_mnist, loader="torchvision")
     indices = [5, 0, 199, 42, 7]
     images, labels = memory.train_set.__getitems__(indices)
-    for row, index in enumerate(indices):
-        x, y = classic.train_set[index]
-        assert torch.equal(images[row], x)
-        assert int(labels[row]) == y
+    samples = [classic.train_set[i] for i in indices]
+    # the classic path normalises per batch, after the batch reaches the device
+    classic_x, classic_y = classic.on_after_batch_transfer(
+        (torch.stack([x for x, _ in samples]), torch.tensor([y for _, y in samples])), 0)
+    assert torch.equal(images, classic_x)
+    assert torch.equal(labels, classic_y)
 
 
 def test_seeded_split_is_reproducible_and_seed_dependent(tiny_mnist):
