@@ -55,7 +55,8 @@ class EpochStats(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop(trainer)
         if self.last:
-            pl_module.log_dict(self.last, reduce_fx="max")
+            # Across DDP ranks: the slowest epoch, the highest peak.
+            pl_module.log_dict(self.last, reduce_fx="max", sync_dist=True)
 
     def _stop(self, trainer: L.Trainer) -> None:
         if self._start is None:

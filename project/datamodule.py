@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset, random_split
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset, random_split
 from torchvision import datasets, transforms
 
 from project import LOADERS, MNIST_MEAN, MNIST_STD
@@ -106,6 +106,23 @@ class EpochShuffleSampler(RandomSampler):
         return iter(torch.randperm(len(self.data_source), generator=generator).tolist())
 
 
+class EvalShardSampler(DistributedSampler):
+    """Splits an evaluation set across ranks without padding.
+
+    ``DistributedSampler`` repeats samples so every rank gets the same count; that would count
+    them twice in accuracy. Each sample here is seen by exactly one rank, and torchmetrics sums
+    the ranks' states, so a DDP evaluation equals a single-process one.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
 class MNISTDataModule(L.LightningDataModule):
     """Train/val split of the MNIST training file (seeded), and the 10,000-image test file."""
 
@@ -190,6 +207,10 @@ class MNISTDataModule(L.LightningDataModule):
                 split = split.to(device)
         return split
 
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
     def _device(self) -> torch.device:
         trainer = getattr(self, "trainer", None)
         if trainer is None:
@@ -199,7 +220,11 @@ class MNISTDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, batch_size: int, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError("setup() must run before the dataloaders are requested")
-        sampler = EpochShuffleSampler(dataset, self.seed) if shuffle else None
+        world_size, rank = self._world()
+        if shuffle:
+            sampler: Sampler | None = EpochShuffleSampler(dataset, self.seed)
+        else:
+            sampler = EvalShardSampler(dataset, world_size, rank) if world_size > 1 else None
         if isinstance(dataset, TensorMNIST):
             # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
             return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)

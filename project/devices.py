@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -78,7 +79,22 @@ def validate_hardware(args: argparse.Namespace) -> str:
             f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
         )
     _validate_strategy(args.strategy)
+    if args.strategy.startswith("fsdp") and accelerator != "cuda":
+        raise UsageError(f"--strategy {args.strategy} shards the model over GPUs; it needs --accelerator gpu")
+    if args.num_nodes > 1 and not launched_by_cluster_tool():
+        raise UsageError(
+            f"--num-nodes {args.num_nodes}: start one copy per machine with torchrun (--nnodes, --node-rank, "
+            "--master-addr) or srun under SLURM; see the README's multi-node section"
+        )
     return accelerator
+
+
+def launched_by_cluster_tool() -> bool:
+    """True under torchrun/torchelastic, SLURM, or an explicit MASTER_ADDR/NODE_RANK setup."""
+    env = os.environ
+    return any(key in env for key in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "NODE_RANK", "GROUP_RANK")) or (
+        "MASTER_ADDR" in env and "WORLD_SIZE" in env
+    )
 
 
 def _validate_strategy(strategy: str) -> None:

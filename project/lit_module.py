@@ -73,45 +73,35 @@ class LitMNIST(L.LightningModule):
         return loss
 
     def _eval_step(
-        self, batch: tuple[torch.Tensor, torch.Tensor], loss: MeanMetric, acc: MulticlassAccuracy
+        self, stage: str, batch: tuple[torch.Tensor, torch.Tensor], loss: MeanMetric, acc: MulticlassAccuracy
     ) -> None:
         x, y = batch
         log_probs = self.model(x)
         loss.update(self.loss_fn(log_probs, y), weight=y.shape[0])
         acc.update(log_probs, y)
+        # Logging the metric objects: Lightning computes them at epoch end, synced across DDP
+        # ranks, and resets them.
+        self.log(f"{stage}/loss", loss, prog_bar=True)
+        self.log(f"{stage}/acc", acc, prog_bar=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_loss, self.val_acc)
+        self._eval_step("val", batch, self.val_loss, self.val_acc)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_loss, self.test_acc)
+        self._eval_step("test", batch, self.test_loss, self.test_acc)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.model(x).exp()
 
-    def _log_epoch(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy) -> None:
-        # compute() syncs across DDP ranks, so these are whole-split numbers on every rank.
-        self.log(f"{stage}/loss", loss.compute(), prog_bar=True)
-        self.log(f"{stage}/acc", acc.compute(), prog_bar=True)
-        loss.reset()
-        acc.reset()
-
     def on_train_epoch_end(self) -> None:
-        self.log("train/acc", self.train_acc.compute(), prog_bar=True)
-        self.train_acc.reset()
+        self.log("train/acc", self.train_acc, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
-            self.val_loss.reset()
-            self.val_acc.reset()
-            return
-        self.val_acc_best.update(self.val_acc.compute())
-        self._log_epoch("val", self.val_loss, self.val_acc)
-        self.log("val/acc_best", self.val_acc_best.compute())
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test", self.test_loss, self.test_acc)
+        if not self.trainer.sanity_checking:
+            self.val_acc_best.update(self.val_acc.compute())
+            # Already synced by compute(); sync_dist only marks the value as global (no-op mean).
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a resume into a model of another shape, before any weights are loaded."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -119,11 +120,20 @@ def save_weights(model: MLP, path: str | os.PathLike) -> Path:
     return path
 
 
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """The run's numbers for machines: full precision, unlike the printed summary."""
+    path.write_text(json.dumps({k: float(v) if hasattr(v, "item") else v for k, v in results.items()}, indent=2))
+
+
 def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], results: dict[str, float]) -> None:
     """Fill TensorBoard's HPARAMS tab with the run's real best/test accuracy."""
     if isinstance(trainer.logger, TensorBoardLogger):
+        from lightning.pytorch.core.saving import save_hparams_to_yaml
+
         trainer.logger.log_hyperparams(hparams, results)
         trainer.logger.save()
+        # The logger wrote hparams.yaml when the run started, before these were known.
+        save_hparams_to_yaml(Path(trainer.logger.log_dir) / "hparams.yaml", hparams)
 
 
 def tune(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule,

@@ -75,10 +75,16 @@ def main() -> int:
              "loader": args.loader, "world_size": trainer.world_size},
             {"hp/val_acc_best": best_val, "hp/test_acc": test_metrics["test/acc"]},
         )
+        training.write_results(run_dir / "results.json", {
+            **test_metrics, "val/acc_best": best_val, "best_checkpoint": best, "last_checkpoint": last,
+            "weights": str(weights), "global_batch": global_batch, "world_size": trainer.world_size,
+            "precision": precision, "lr": model.hparams.lr,
+        })
         lines += [
             f"best checkpoint  {best}  (val/acc {best_val:.4f})",
             f"last checkpoint  {last}",
             f"weights          {weights}  (loads into the article's nn.Sequential)",
+            f"results          {run_dir / 'results.json'}",
             f"TensorBoard      tensorboard --logdir {run_dir}",
         ]
     lines.append(f"wall time {time.perf_counter() - started:.1f} s")

@@ -10,6 +10,8 @@ from test_train_script import summary_value, tiny_run
 from conftest import run_script
 
 NO_CUDA = not torch.cuda.is_available()
+CPU_ONLY = pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
+CUDA_ONLY = pytest.mark.skipif(NO_CUDA, reason="needs CUDA")
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="describes a machine without CUDA")
@@ -45,12 +47,12 @@ INVALID = [
     (["--fast-dev-run", "--resume", "last"], "--fast-dev-run cannot be combined with --resume"),
     (["--strategy", "dp"], "Lightning 2 removed DataParallel"),
     (["--strategy", "warp"], "'warp' is not a Lightning strategy"),
-    pytest.param(["--accelerator", "gpu"], "no CUDA GPU is visible", marks=pytest.mark.skipif(not NO_CUDA, reason="")),
-    pytest.param(["--devices", "0,1"], "device indices select GPUs", marks=pytest.mark.skipif(not NO_CUDA, reason="")),
+    pytest.param(["--accelerator", "gpu"], "no CUDA GPU is visible", marks=CPU_ONLY),
+    pytest.param(["--devices", "0,1"], "device indices select GPUs", marks=CPU_ONLY),
     pytest.param(["--gpu-memory-fraction", "0.5"], "this run uses cpu",
-                 marks=pytest.mark.skipif(not NO_CUDA, reason="")),
-    pytest.param(["--devices", "64"], "only", marks=pytest.mark.skipif(NO_CUDA, reason="needs CUDA")),
-    pytest.param(["--devices", "63,"], "GPU index 63 does not exist", marks=pytest.mark.skipif(NO_CUDA, reason="")),
+                 marks=CPU_ONLY),
+    pytest.param(["--devices", "64"], "only", marks=CUDA_ONLY),
+    pytest.param(["--devices", "63,"], "GPU index 63 does not exist", marks=CUDA_ONLY),
 ]
 
 
