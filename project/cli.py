@@ -139,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-every-n-steps", type=positive_int, default=50)
     run.add_argument("--resume", default=None, metavar="CKPT|last",
                      help="checkpoint to continue from; 'last' = newest run's last.ckpt")
+    run.add_argument("--checkpoint-every-n-steps", type=positive_int, default=None, metavar="N",
+                     help="also refresh last.ckpt every N optimizer steps (it is always written each epoch)")
     run.add_argument("--export", default=None, metavar="PATH",
                      help="where to write model.pth (default: inside the run folder)")
+    run.add_argument("--overwrite", action="store_true", help="let --export replace an existing file")
     run.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset, random_split
 from torchvision import datasets, transforms
 
-from project import LOADERS, MNIST_MEAN, MNIST_STD
+from project import LOADERS, MNIST_MEAN, MNIST_STD, NUM_CLASSES
 from project.errors import UserError
 
 RAW_FILES = (
@@ -39,7 +39,58 @@ def raw_folder(data_dir: Path) -> Path:
 
 def missing_files(data_dir: Path) -> list[str]:
     folder = raw_folder(data_dir)
-    return [name for name in RAW_FILES if not (folder / name).is_file()]
+    return [name for name in RAW_FILES if not (folder / name).exists()]
+
+
+IMAGES_MAGIC, LABELS_MAGIC = 0x00000803, 0x00000801  # IDX: unsigned bytes, 3 or 1 dimensions
+
+
+def _idx_problem(path: Path, magic: int) -> tuple[str | None, int]:
+    """What is wrong with one IDX file (None if nothing), and the record count its header gives."""
+    if path.is_dir():
+        return "is a directory, not a file", 0
+    try:
+        with path.open("rb") as stream:
+            header = stream.read(4 + 4 * 3)
+    except PermissionError:
+        return "cannot read it (permission denied)", 0
+    except OSError as err:
+        return f"cannot read it ({err.strerror or err})", 0
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file", 0
+    ndim = magic & 0xFF
+    header_size = 4 + 4 * ndim
+    if size < header_size:
+        return f"truncated: {size} bytes, shorter than the {header_size}-byte IDX header", 0
+    found = int.from_bytes(header[:4], "big")
+    if found != magic:
+        kind = "images" if magic == IMAGES_MAGIC else "labels"
+        return f"wrong magic number 0x{found:08x}, expected 0x{magic:08x} (IDX {kind} of unsigned bytes)", 0
+    dims = [int.from_bytes(header[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    if ndim == 3 and dims[1:] != [28, 28]:
+        return f"images are {dims[1]}x{dims[2]}, expected 28x28", dims[0]
+    expected = header_size + dims[0] * (28 * 28 if ndim == 3 else 1)
+    if size != expected:
+        state = "truncated" if size < expected else "too long"
+        return f"{state}: {size} bytes, but its header announces {dims[0]} records ({expected} bytes)", dims[0]
+    return None, dims[0]
+
+
+def check_raw_files(data_dir: Path) -> None:
+    """Raise one clear line for the first unusable MNIST file, before torchvision reads them."""
+    folder = raw_folder(data_dir)
+    for images_name, labels_name in (RAW_FILES[:2], RAW_FILES[2:]):
+        counts = []
+        for name, magic in ((images_name, IMAGES_MAGIC), (labels_name, LABELS_MAGIC)):
+            problem, count = _idx_problem(folder / name, magic)
+            if problem:
+                raise MNISTDataError(f"{folder / name}: {problem}")
+            counts.append(count)
+        if counts[0] != counts[1]:
+            raise MNISTDataError(
+                f"{folder / images_name} has {counts[0]} images but {folder / labels_name} has {counts[1]} labels"
+            )
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -97,13 +148,18 @@ class EpochShuffleSampler(RandomSampler):
         super().__init__(data_source)
         self.seed = seed
         self.epoch = 0
+        self.resume_at: tuple[int, int] | None = None  # (epoch, samples already trained on)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(len(self.data_source), generator=generator).tolist())
+        order = torch.randperm(len(self.data_source), generator=generator).tolist()
+        if self.resume_at is not None and self.resume_at[0] == self.epoch:
+            order = order[self.resume_at[1]:]  # a run resumed mid-epoch continues where it stopped
+        self.resume_at = None
+        return iter(order)
 
 
 class EvalShardSampler(DistributedSampler):
@@ -149,6 +205,8 @@ class MNISTDataModule(L.LightningDataModule):
         self.loader = loader
         self.download = download
         self.train_set: Dataset | None = None
+        self._train_sampler: EpochShuffleSampler | None = None
+        self._resume_at: tuple[int, int] | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
@@ -156,6 +214,7 @@ class MNISTDataModule(L.LightningDataModule):
         """Download MNIST only when a file is missing; explain what is needed when that fails."""
         missing = missing_files(self.data_dir)
         if not missing:
+            check_raw_files(self.data_dir)
             return
         if self.download:
             try:
@@ -170,13 +229,20 @@ class MNISTDataModule(L.LightningDataModule):
                 f"put the four uncompressed files there ({', '.join(RAW_FILES)}) "
                 "or point --data-dir / DATA_DIR at a folder that has MNIST/raw/"
             )
+        check_raw_files(self.data_dir)
 
     def _mnist(self, train: bool) -> datasets.MNIST:
         self.prepare_data()
         # Per-sample work is the classic path's cost, so it does only ToTensor; normalising
         # happens once per batch, on the device, in on_after_batch_transfer.
         transform = transforms.ToTensor() if self.loader == "torchvision" else None
-        return datasets.MNIST(self.data_dir, train=train, transform=transform)
+        mnist = datasets.MNIST(self.data_dir, train=train, transform=transform)
+        if len(mnist.targets) and int(mnist.targets.max()) >= NUM_CLASSES:
+            name = RAW_FILES[1] if train else RAW_FILES[3]
+            raise MNISTDataError(
+                f"{raw_folder(self.data_dir) / name}: label {int(mnist.targets.max())} is not a digit 0-9"
+            )
+        return mnist
 
     def _as_split(self, mnist: datasets.MNIST) -> Dataset:
         if self.loader == "torchvision":
@@ -244,7 +310,24 @@ class MNISTDataModule(L.LightningDataModule):
         return batch
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, self.batch_size, shuffle=True)
+        loader = self._loader(self.train_set, self.batch_size, shuffle=True)
+        self._train_sampler = loader.sampler
+        self._train_sampler.resume_at = self._resume_at
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where in the epoch's data order a checkpoint was taken, for an exact mid-epoch resume."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or not trainer.training:
+            return {}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"epoch": trainer.current_epoch, "samples_done": done * self.batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "epoch" in state_dict:
+            self._resume_at = (int(state_dict["epoch"]), int(state_dict["samples_done"]))
+            if self._train_sampler is not None:
+                self._train_sampler.resume_at = self._resume_at
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)

@@ -20,6 +20,12 @@ class UsageError(UserError):
     exit_code = 2
 
 
+class Terminated(UserError):
+    """The run got SIGTERM (a scheduler's pre-emption, ``kill``); its state was saved first."""
+
+    exit_code = 128 + 15
+
+
 def run_cli(main: Callable[[], int | None], prog: str) -> None:
     """Run a script's ``main``, turning ``UserError`` into one line on stderr.
 

@@ -7,17 +7,20 @@ import json
 import logging
 import os
 import re
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction
-from project.errors import UsageError
+from project.checkpointing import AtomicCheckpointIO, LastCheckpoint, atomic_save
+from project.errors import Terminated, UsageError
 from project.model import MLP, export_state_dict
 
 # Harmless for this template: the in-memory loader needs no workers, a 5,000-image validation
@@ -76,7 +79,7 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
             ),
             # Not save_last=True: Lightning writes that only when the best improves, and a
             # resume needs the newest state whether or not it was the best.
-            ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False),
+            LastCheckpoint(every_n_train_steps=getattr(args, "checkpoint_every_n_steps", None)),
             LearningRateMonitor(logging_interval="step"),
             EpochStats(),
         ]
@@ -99,6 +102,7 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         log_every_n_steps=args.log_every_n_steps,
         enable_model_summary=False,
         default_root_dir=args.logdir,  # where the tuner's temporary checkpoints go
+        plugins=[AtomicCheckpointIO()],
     )
     return L.Trainer(**{**settings, **overrides})
 
@@ -113,11 +117,42 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
 
 
 def save_weights(model: MLP, path: str | os.PathLike) -> Path:
-    """Write the article-compatible ``model.pth`` (input normalisation folded in)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(export_state_dict(model), path)
-    return path
+    """Write the article-compatible ``model.pth`` (input normalisation folded in), atomically."""
+    return atomic_save(export_state_dict(model), path)
+
+
+def check_outputs_writable(args: argparse.Namespace) -> None:
+    """Report an unwritable log folder or export path now, not after training."""
+    if args.fast_dev_run:
+        return
+    _check_writable_dir(Path(args.logdir), "--logdir")
+    if args.export:
+        export = Path(args.export)
+        if export.is_dir():
+            raise UsageError(f"--export {export}: is a directory; give a file path such as {export / 'model.pth'}")
+        if export.exists() and not args.overwrite:
+            raise UsageError(f"--export {export}: the file exists; add --overwrite to replace it")
+        _check_writable_dir(export.parent, "--export")
+
+
+def _check_writable_dir(folder: Path, flag: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UsageError(f"{flag} {folder}: cannot write there ({err.strerror or err})") from None
+
+
+@contextmanager
+def stop_cleanly_on_sigterm() -> Iterator[None]:
+    """Lightning exits with status 0 on SIGTERM; schedulers and scripts need to see it was stopped."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except SIGTERMException:
+        raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:

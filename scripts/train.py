@@ -22,6 +22,7 @@ def main() -> int:
 
     from project import training
     from project.callbacks import peak_memory_mb, release_cuda_cache
+    from project.checkpointing import read_checkpoint
     from project.datamodule import MNISTDataModule
     from project.devices import resolve_precision, validate_hardware
     from project.lit_module import LitMNIST
@@ -30,7 +31,10 @@ def main() -> int:
     validate_hardware(args)
     L.seed_everything(args.seed, workers=True, verbose=False)
     precision = resolve_precision(args.precision, args.accelerator)
+    training.check_outputs_writable(args)
     ckpt_path = training.find_last_checkpoint(args.logdir, args.name) if args.resume == "last" else args.resume
+    if ckpt_path:
+        read_checkpoint(ckpt_path)  # a corrupt or foreign file is reported in one line, now
 
     datamodule = MNISTDataModule(
         data_dir=args.data_dir, batch_size=args.batch_size, num_workers=args.num_workers,
@@ -46,7 +50,8 @@ def main() -> int:
     trainer = training.build_trainer(args, precision)
     training.tune(trainer, model, datamodule, args)
 
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    with training.stop_cleanly_on_sigterm():
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     release_cuda_cache()
     # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
     best, last, best_val = training.checkpoint_paths(trainer)

@@ -1,0 +1,107 @@
+"""Checkpoint files: written atomically, resumed exactly, and checked before they are trusted."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from project.callbacks import NonFiniteLossError
+from project.errors import UserError
+
+
+class CheckpointError(UserError):
+    """A checkpoint or weights file that is missing, corrupt or from something else."""
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    The rename is atomic on one file system, so a crash leaves either the old file or the new
+    one, never a half-written one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save(obj, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made crash-safe with :func:`atomic_save`."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        atomic_save(checkpoint, path)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt``: the newest training state, every epoch and optionally every N steps.
+
+    On SIGTERM, Ctrl-C or a crash it is written once more so that nothing trained is lost;
+    not when training diverged, so the last good state survives.
+    """
+
+    def __init__(self, every_n_train_steps: int | None = None) -> None:
+        super().__init__(filename="last", save_top_k=1, enable_version_counter=False, save_on_exception=True,
+                         every_n_train_steps=every_n_train_steps)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, NonFiniteLossError):
+            super().on_exception(trainer, pl_module, exception)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a ``.ckpt`` of this project safely, or say in one line why it cannot be used."""
+    path = Path(path)
+    state = _load(path)
+    if not isinstance(state, dict) or "state_dict" not in state or "hyper_parameters" not in state:
+        raise CheckpointError(f"{path}: not a Lightning checkpoint of this project (no state_dict/hyper_parameters)")
+    if not any(key.startswith("model.layers.") for key in state["state_dict"]):
+        raise CheckpointError(f"{path}: a Lightning checkpoint, but not of this project's MLP")
+    return state
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a ``model.pth`` state dict safely, or say in one line why it cannot be used."""
+    path = Path(path)
+    state = _load(path)
+    if not isinstance(state, dict) or not state or not all(
+        isinstance(v, torch.Tensor) and k.split(".")[0].isdigit() for k, v in state.items()
+    ):
+        raise CheckpointError(f"{path}: not an exported model.pth (expected an nn.Sequential state_dict)")
+    return state
+
+
+def _load(path: Path) -> Any:
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: empty file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise CheckpointError(f"{path}: no permission to read it") from None
+    except Exception as err:  # noqa: BLE001 - torch.load fails in many ways; each means the same to the user
+        text = str(err).strip()
+        if "Unsupported global" in text:
+            raise CheckpointError(
+                f"{path}: holds Python objects, not just tensors; refused for safety (weights_only loading)"
+            ) from None
+        reason = text.splitlines()[0][:120] if text else type(err).__name__
+        raise CheckpointError(f"{path}: corrupt or not a PyTorch file ({reason})") from None

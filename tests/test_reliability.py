@@ -1,0 +1,305 @@
+"""A crash loses nothing, bad input gets one clear line, outputs are never half-written."""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_train_script import TINY, tiny_run
+
+from conftest import RAW_NAMES, ROOT, make_tiny_mnist, run_script, write_idx
+from project.checkpointing import AtomicCheckpointIO, CheckpointError, atomic_save, read_checkpoint, read_weights
+from project.datamodule import MNISTDataError, MNISTDataModule
+
+TRAIN = str(ROOT / "scripts" / "train.py")
+TRAIN_IMAGES = RAW_NAMES[(True, "images")]
+TRAIN_LABELS = RAW_NAMES[(True, "labels")]
+
+
+def raw(data: Path, name: str) -> Path:
+    return data / "MNIST" / "raw" / name
+
+
+# ---------------------------------------------------------------- bad MNIST files
+
+def _empty(data):
+    raw(data, TRAIN_IMAGES).write_bytes(b"")
+
+
+def _truncated(data):
+    path = raw(data, TRAIN_IMAGES)
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _wrong_magic(data):
+    path = raw(data, TRAIN_LABELS)
+    path.write_bytes(b"\x00\x00\x08\x03" + path.read_bytes()[4:])
+
+
+def _count_mismatch(data):
+    import numpy as np
+
+    write_idx(raw(data, TRAIN_LABELS), np.zeros(239, dtype=np.uint8))
+
+
+def _wrong_size(data):
+    import numpy as np
+
+    write_idx(raw(data, TRAIN_IMAGES), np.zeros((240, 32, 32), dtype=np.uint8))
+
+
+def _directory(data):
+    path = raw(data, TRAIN_IMAGES)
+    path.unlink()
+    path.mkdir()
+
+
+def _missing(data):
+    raw(data, TRAIN_LABELS).unlink()
+
+
+def _bad_label(data):
+    import numpy as np
+
+    write_idx(raw(data, TRAIN_LABELS), np.full(240, 12, dtype=np.uint8))
+
+
+BAD_FILES = {
+    "empty": (_empty, f"{TRAIN_IMAGES}: empty file"),
+    "truncated": (_truncated, f"{TRAIN_IMAGES}: truncated:"),
+    "wrong magic": (_wrong_magic, f"{TRAIN_LABELS}: wrong magic number 0x00000803, expected 0x00000801"),
+    "count mismatch": (_count_mismatch, "has 240 images but"),
+    "wrong image size": (_wrong_size, "images are 32x32, expected 28x28"),
+    "directory": (_directory, f"{TRAIN_IMAGES}: is a directory, not a file"),
+    "missing": (_missing, "MNIST not found in"),
+    "label out of range": (_bad_label, "label 12 is not a digit 0-9"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, case):
+    data = make_tiny_mnist(tmp_path / "data")
+    damage, message = BAD_FILES[case]
+    damage(data)
+    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY,
+                      env={"DATA_DIR": ""})
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("train.py: error: ") and message in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unreadable_mnist_file_is_named(tmp_path, monkeypatch):
+    # Tests run as root, which reads any file; so the OS's refusal is simulated where it is met.
+    data = make_tiny_mnist(tmp_path / "data")
+    target = raw(data, TRAIN_LABELS)
+    real_open = Path.open
+
+    def refusing_open(self, *args, **kwargs):
+        if self == target:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    with pytest.raises(MNISTDataError, match=rf"{TRAIN_LABELS}: cannot read it \(permission denied\)"):
+        MNISTDataModule(data, val_size=40, download=False).prepare_data()
+
+
+def test_debug_flag_shows_the_traceback(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data")
+    _empty(data)
+    done = run_script("train.py", "--data-dir", str(data), "--debug")
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "empty file" in done.stderr
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_fuzzed_idx_files_load_or_fail_clearly(tmp_path_factory, seed):
+    rng = random.Random(seed)
+    data = make_tiny_mnist(tmp_path_factory.mktemp("fuzz") / "data", n_train=60, n_test=20)
+    path = raw(data, rng.choice(list(RAW_NAMES.values())))
+    blob = bytearray(path.read_bytes())
+    action = rng.choice(["flip", "truncate", "append", "header"])
+    if action == "flip":
+        for _ in range(rng.randint(1, 8)):
+            blob[rng.randrange(len(blob))] = rng.randrange(256)
+    elif action == "truncate":
+        del blob[rng.randrange(len(blob)):]
+    elif action == "append":
+        blob += bytes(rng.randrange(256) for _ in range(rng.randint(1, 50)))
+    else:
+        blob[rng.randrange(min(16, len(blob)))] = rng.randrange(256)
+    path.write_bytes(bytes(blob))
+    dm = MNISTDataModule(data, batch_size=8, val_size=10, download=False)
+    try:
+        dm.prepare_data()
+        dm.setup("fit")
+        dm.setup("test")
+    except MNISTDataError as err:
+        assert "\n" not in str(err) and str(data) in str(err)
+        return
+    assert len(dm.train_set) + len(dm.val_set) == 60 and len(dm.test_set) == 20
+    assert int(dm.train_set.targets.max()) <= 9
+
+
+# ---------------------------------------------------------------- bad checkpoints
+
+def _write_bad_checkpoints(folder: Path, good: Path) -> dict[str, Path]:
+    folder.mkdir()
+    cases = {
+        "random bytes": (folder / "noise.ckpt", os.urandom(4096)),
+        "empty": (folder / "empty.ckpt", b""),
+        "truncated": (folder / "half.ckpt", good.read_bytes()[: good.stat().st_size // 2]),
+    }
+    paths = {}
+    for name, (path, blob) in cases.items():
+        path.write_bytes(blob)
+        paths[name] = path
+    torch.save({"weights": torch.zeros(3)}, folder / "foreign.ckpt")
+    paths["foreign"] = folder / "foreign.ckpt"
+    (folder / "dir.ckpt").mkdir()
+    paths["directory"] = folder / "dir.ckpt"
+    return paths
+
+
+@pytest.mark.slow
+def test_bad_checkpoints_and_weights_get_one_line(tiny_mnist, tmp_path):
+    logdir = tmp_path / "logs"
+    assert tiny_run(tiny_mnist, logdir, "--max-epochs", "1").returncode == 0
+    good = logdir / "mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    bad = _write_bad_checkpoints(tmp_path / "bad", good)
+    expected = {"random bytes": "corrupt or not a PyTorch file", "empty": "empty file",
+                "truncated": "corrupt or not a PyTorch file", "foreign": "not a Lightning checkpoint of this project",
+                "directory": "is a directory"}
+    for name, path in bad.items():
+        with pytest.raises(CheckpointError, match=expected[name]):
+            read_checkpoint(path)
+        with pytest.raises(CheckpointError):
+            read_weights(path)
+    with pytest.raises(CheckpointError, match="not an exported model.pth"):
+        read_weights(good)  # a .ckpt is not a model.pth
+    assert read_weights(logdir / "mnist" / "version_0" / "model.pth")["0.weight"].shape == (128, 784)
+    done = tiny_run(tiny_mnist, logdir, "--resume", str(bad["truncated"]))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: {bad['truncated']}: " + done.stderr.strip().split(f"{bad['truncated']}: ", 1)[1])
+    assert "corrupt or not a PyTorch file" in done.stderr
+
+
+# ---------------------------------------------------------------- atomic, never clobbered
+
+def test_a_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    target = tmp_path / "model.pth"
+    atomic_save({"w": torch.ones(3)}, target)
+    real_save = torch.save
+
+    def failing_save(obj, stream, *args, **kwargs):
+        real_save(obj, stream, *args, **kwargs)
+        stream.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_save({"w": torch.zeros(3)}, target)
+    with pytest.raises(OSError, match="disk full"):
+        AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(3)}, target)
+    monkeypatch.undo()
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pth"]  # no temporary files left behind
+
+
+def test_export_needs_overwrite_and_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path):
+    existing = tmp_path / "model.pth"
+    existing.write_bytes(b"keep me")
+    done = tiny_run(tiny_mnist, tmp_path / "logs", "--export", str(existing))
+    assert done.returncode == 2 and "the file exists; add --overwrite" in done.stderr
+    assert existing.read_bytes() == b"keep me"
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    done = tiny_run(tiny_mnist, blocker / "logs")
+    assert done.returncode == 2 and f"--logdir {blocker / 'logs'}: cannot write there" in done.stderr
+    assert "Epoch" not in done.stderr  # refused before training started
+
+
+@pytest.mark.slow
+def test_export_with_overwrite_replaces_the_file(tiny_mnist, tmp_path):
+    existing = tmp_path / "model.pth"
+    existing.write_bytes(b"old")
+    done = tiny_run(tiny_mnist, tmp_path / "logs", "--max-epochs", "1", "--export", str(existing), "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert read_weights(existing)["0.weight"].shape == (128, 784)
+
+
+# ---------------------------------------------------------------- exact resume after a kill
+
+RESUMABLE = ("--max-epochs", "10", "--checkpoint-every-n-steps", "5", "--batch-size", "32",
+             "--log-every-n-steps", "2", "--val-size", "40")
+
+
+def _final_state(logdir: Path) -> dict:
+    newest = max((logdir / "mnist").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def _assert_same_training_state(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for buf_a, buf_b in zip(a["optimizer_states"][0]["state"].values(),
+                            b["optimizer_states"][0]["state"].values(), strict=True):
+        assert torch.equal(buf_a["momentum_buffer"], buf_b["momentum_buffer"])
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
+    reference = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "a"), *RESUMABLE)
+    assert reference.returncode == 0, reference.stderr
+
+    logdir = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(logdir.rglob("last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.uniform(0.0, 0.6))  # a random step after the first checkpoint
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    interrupted = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
+    assert interrupted["global_step"] < 190, "the run finished before it could be killed"
+
+    resumed = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE,
+                         "--resume", "last")
+    assert resumed.returncode == 0, resumed.stderr
+    _assert_same_training_state(_final_state(tmp_path / "a"), _final_state(logdir))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
+    logdir = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logdir),
+                             *RESUMABLE[2:], "--max-epochs", "400", "--scheduler", "none"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(logdir.rglob("last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "stopped by SIGTERM after saving last.ckpt; continue with --resume last" in stderr
+    saved = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
+    assert saved["global_step"] > 0
+    resumed = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE[2:],
+                         "--max-epochs", str(saved["epoch"] + 2), "--scheduler", "none", "--resume", "last")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _final_state(logdir)["global_step"] > saved["global_step"]
+    shutil.rmtree(logdir)
