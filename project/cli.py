@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also refresh last.ckpt every N optimizer steps (it is always written each epoch)")
     run.add_argument("--export", default=None, metavar="PATH",
                      help="where to write model.pth (default: inside the run folder)")
+    run.add_argument("--export-pt2", default=None, metavar="PATH",
+                     help="also write a torch.export program (.pt2) that loads with torch alone")
     run.add_argument("--overwrite", action="store_true", help="let --export replace an existing file")
     run.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser

@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import re
+import shlex
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -121,18 +123,41 @@ def save_weights(model: MLP, path: str | os.PathLike) -> Path:
     return atomic_save(export_state_dict(model), path)
 
 
+def save_program(model: MLP, path: str | os.PathLike) -> Path:
+    """A ``torch.export`` program of the article's network: runs with torch alone, no project code."""
+    import torch
+    from torch import nn
+
+    from project.model import build_sequential
+
+    network = build_sequential(model.hidden)
+    network.load_state_dict(export_state_dict(model))
+    portable = nn.Sequential(nn.Flatten(1), *network).eval()
+    example = torch.rand(2, 1, 28, 28)
+    program = torch.export.export(portable, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.stem}.tmp.pt2")  # torch.export wants the .pt2 suffix
+    torch.export.save(program, temporary)
+    os.replace(temporary, path)
+    return path
+
+
 def check_outputs_writable(args: argparse.Namespace) -> None:
     """Report an unwritable log folder or export path now, not after training."""
     if args.fast_dev_run:
         return
     _check_writable_dir(Path(args.logdir), "--logdir")
-    if args.export:
-        export = Path(args.export)
+    exports = (("--export", args.export, "model.pth"), ("--export-pt2", args.export_pt2, "model.pt2"))
+    for flag, value, example in exports:
+        if not value:
+            continue
+        export = Path(value)
         if export.is_dir():
-            raise UsageError(f"--export {export}: is a directory; give a file path such as {export / 'model.pth'}")
+            raise UsageError(f"{flag} {export}: is a directory; give a file path such as {export / example}")
         if export.exists() and not args.overwrite:
-            raise UsageError(f"--export {export}: the file exists; add --overwrite to replace it")
-        _check_writable_dir(export.parent, "--export")
+            raise UsageError(f"{flag} {export}: the file exists; add --overwrite to replace it")
+        _check_writable_dir(export.parent, flag)
 
 
 def _check_writable_dir(folder: Path, flag: str) -> None:
@@ -153,6 +178,17 @@ def stop_cleanly_on_sigterm() -> Iterator[None]:
         yield
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
+
+
+def log_run_text(trainer: L.Trainer, args: argparse.Namespace, precision: str) -> None:
+    """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
+    if not isinstance(trainer.logger, TensorBoardLogger):
+        return
+    command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+    settings = {**vars(args), "precision (resolved)": precision, "world_size": trainer.world_size}
+    table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{v}` |" for k, v in settings.items())
+    trainer.logger.experiment.add_text("run/command", f"`{command}`", 0)
+    trainer.logger.experiment.add_text("run/config", table, 0)
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:

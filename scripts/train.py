@@ -48,6 +48,7 @@ def main() -> int:
     if args.compile:
         model.model.compile(mode=None if args.compile == "default" else args.compile)
     trainer = training.build_trainer(args, precision)
+    training.log_run_text(trainer, args, precision)
     training.tune(trainer, model, datamodule, args)
 
     with training.stop_cleanly_on_sigterm():
@@ -73,6 +74,9 @@ def main() -> int:
     if not args.fast_dev_run:
         run_dir = Path(trainer.logger.log_dir)
         weights = training.save_weights(model.model, args.export or run_dir / "model.pth")
+        if args.export_pt2:
+            lines.append(f"portable program {training.save_program(model.model, args.export_pt2)}"
+                         "  (torch.export.load(path).module(); ToTensor() pixels in)")
         training.log_hparams_with_results(
             trainer,
             {**model.hparams, "batch_size": datamodule.batch_size, "global_batch": global_batch,
@@ -94,6 +98,7 @@ def main() -> int:
         ]
     lines.append(f"wall time {time.perf_counter() - started:.1f} s")
     rank_zero_info("\n".join(lines))
+    model.log_test_figures()  # after the summary: matplotlib takes a second on a small CPU
     return 0
 
 
