@@ -127,16 +127,18 @@ def _template(
     kind: str, args: argparse.Namespace, precision: str, limit: int | None, data_dir: Path
 ) -> tuple[list[float], float]:
     from project.callbacks import EpochStats
-    from project.lit_module import LitMNIST
+    from project.cli import parse_args
 
-    dm = MNISTDataModule(data_dir, batch_size=args.batch_size, loader="memory" if kind == "c" else "torchvision")
-    model = LitMNIST(optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none")
     with tempfile.TemporaryDirectory() as logdir:
-        run_args = argparse.Namespace(
-            accelerator=args.accelerator, devices=1, num_nodes=1, strategy="auto",
-            max_epochs=args.epochs + 1, deterministic=False, fast_dev_run=False, logdir=logdir,
-            name="bench", log_every_n_steps=50,
-        )
+        run_args = parse_args([
+            "--accelerator", args.accelerator, "--data-dir", str(data_dir), "--logdir", logdir, "--name", "bench",
+            "--max-epochs", str(args.epochs + 1), "--batch-size", str(args.batch_size),
+            "--loader", "memory" if kind == "c" else "torchvision",
+            # the article's recipe, as in (a) and (b)
+            "--optimizer", "sgd", "--lr", str(ARTICLE_LR), "--momentum", "0", "--weight-decay", "0",
+            "--scheduler", "none",
+        ])
+        dm, model = training.build_datamodule(run_args), training.build_model(run_args)
         trainer = training.build_trainer(
             run_args, precision, enable_progress_bar=False,
             **({"limit_train_batches": limit // args.batch_size} if limit else {}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from project import LOADERS, OPTIMIZERS, SCHEDULERS, __version__
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--fast-dev-run", action="store_true", help="one batch of each stage, no logs or files")
     run.add_argument("--logdir", default="lightning_logs")
+    run.add_argument("--logger", default="tensorboard",
+                     help="tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
     run.add_argument("--name", default="mnist", help="experiment name: runs go to LOGDIR/NAME/version_N")
     run.add_argument("--log-every-n-steps", type=positive_int, default=50)
     run.add_argument("--resume", default=None, metavar="CKPT|last",
@@ -146,12 +149,74 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--export-pt2", default=None, metavar="PATH",
                      help="also write a torch.export program (.pt2) that loads with torch alone")
     run.add_argument("--overwrite", action="store_true", help="let --export replace an existing file")
+    run.add_argument("--config", default=None, metavar="FILE.yaml",
+                     help="read flags from a YAML file (keys: flag names); the command line overrides it")
     run.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
+# Flags that describe one invocation, not the experiment: never read from or saved to a config.
+NOT_IN_CONFIG = ("config", "debug", "resume", "export", "export_pt2", "overwrite", "fast_dev_run")
+
+
+def config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """A YAML file of flag values as command-line tokens, so argparse checks them like typed flags."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as stream:
+            values = yaml.safe_load(stream) or {}
+    except OSError as err:
+        parser.error(f"--config {path}: cannot read it ({err.strerror or err})")
+    except yaml.YAMLError as err:
+        parser.error(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values")
+    try:
+        return values_argv(values, parser)
+    except ValueError as err:
+        parser.error(f"--config {path}: {err}")
+
+
+def flag_names(parser: argparse.ArgumentParser) -> set[str]:
+    """The keys a config or a sweep may set (``max_epochs`` style)."""
+    return {a.dest for a in parser._actions if a.option_strings} - set(NOT_IN_CONFIG) - {"help", "version"}  # noqa: SLF001
+
+
+def values_argv(values: dict[str, object], parser: argparse.ArgumentParser) -> list[str]:
+    """Flag values (``{"max_epochs": 3}``) as tokens (``["--max-epochs", "3"]``); ValueError names a bad key."""
+    actions = {a.dest: a for a in parser._actions}  # noqa: SLF001 - argparse has no public accessor
+    allowed = flag_names(parser)
+    tokens: list[str] = []
+    for key, value in values.items():
+        dest = str(key).replace("-", "_")
+        if dest not in allowed:
+            raise ValueError(f"unknown key {key!r} (keys are train.py flag names, e.g. max_epochs)")
+        flag = actions[dest].option_strings[-1]
+        if isinstance(actions[dest], argparse._StoreTrueAction):  # noqa: SLF001
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be true or false, got {value!r}")
+            tokens += [flag] if value else []
+        elif value is not None:
+            text = ",".join(map(str, value)) + ("," if len(value) == 1 and dest == "devices" else "") \
+                if isinstance(value, list) else str(value)
+            tokens += [flag, text]
+    return tokens
+
+
+def to_config(args: argparse.Namespace) -> dict[str, object]:
+    """The resolved flags as a config mapping that ``--config`` reads back to the same run."""
+    return {k: v for k, v in vars(args).items() if k not in NOT_IN_CONFIG}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    if known.config:
+        argv = config_argv(known.config, parser) + argv  # later tokens win: the command line overrides
     args = parser.parse_args(argv)
     if args.fast_dev_run and args.resume:
         parser.error("--fast-dev-run cannot be combined with --resume")

@@ -158,16 +158,21 @@ class LitMNIST(L.LightningModule):
             # Already synced by compute(); sync_dist only marks the value as global (no-op mean).
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
+    def _tensorboard(self) -> TensorBoardLogger | None:
+        return next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
+
     def _image(self, tag: str, image: torch.Tensor) -> None:
-        if isinstance(self.logger, TensorBoardLogger):
-            self.logger.experiment.add_image(tag, image, self.global_step)
+        tensorboard = self._tensorboard()
+        if tensorboard is not None:
+            tensorboard.experiment.add_image(tag, image, self.global_step)
 
     def log_test_figures(self) -> None:
         """Matplotlib figures of the last test: drawn once, after the results are printed."""
         results = getattr(self, "test_results", None)
-        if not results or not isinstance(self.logger, TensorBoardLogger) or not self.trainer.is_global_zero:
+        tensorboard = self._tensorboard()
+        if not results or tensorboard is None or not self.trainer.is_global_zero:
             return
-        experiment = self.logger.experiment
+        experiment = tensorboard.experiment
         experiment.add_figure("test/confusion_matrix",
                               figures.confusion_figure(results["confusion"], "test set"), self.global_step)
         if len(results["images"]):

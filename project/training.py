@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -18,11 +19,14 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint, atomic_save
+from project.cli import to_config
+from project.datamodule import MNISTDataModule
 from project.errors import Terminated, UsageError
+from project.lit_module import LitMNIST
 from project.model import MLP, export_state_dict
 
 # Harmless for this template: the in-memory loader needs no workers, a 5,000-image validation
@@ -63,17 +67,67 @@ def find_last_checkpoint(logdir: str | os.PathLike, name: str) -> Path:
     return max(runs)[1]
 
 
+LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
+
+
+def build_datamodule(args: argparse.Namespace) -> MNISTDataModule:
+    return MNISTDataModule(
+        data_dir=args.data_dir, batch_size=args.batch_size, num_workers=args.num_workers,
+        pin_memory=args.pin_memory, val_size=args.val_size, seed=args.seed, loader=args.loader,
+    )
+
+
+def build_model(args: argparse.Namespace) -> LitMNIST:
+    model = LitMNIST(
+        hidden=args.hidden, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, scheduler=args.scheduler,
+    )
+    if args.compile:
+        model.model.compile(mode=None if args.compile == "default" else args.compile)
+    return model
+
+
+def build_loggers(args: argparse.Namespace) -> list[Logger]:
+    """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
+    names = [n.strip() for n in args.logger.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown or not names:
+        raise UsageError(f"--logger {args.logger}: choose from {', '.join(LOGGERS)} (comma-separated)")
+    for name, package in (("wandb", "wandb"), ("mlflow", "mlflow")):
+        if name in names and importlib.util.find_spec(package) is None:
+            raise UsageError(f"--logger {name} needs the {package} package: pip install -e '.[{name}]'")
+    loggers: list[Logger] = []
+    version = None
+    for name in names:
+        if name == "tensorboard":
+            logger: Logger = TensorBoardLogger(args.logdir, name=args.name, version=version, default_hp_metric=False)
+        elif name == "csv":
+            logger = CSVLogger(args.logdir, name=args.name, version=version)
+        elif name == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            logger = WandbLogger(project=args.name, save_dir=args.logdir)
+        else:
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            logger = MLFlowLogger(experiment_name=args.name, save_dir=str(Path(args.logdir) / "mlruns"))
+        if version is None and name in ("tensorboard", "csv"):
+            version = logger.version  # the next loggers join this run's folder
+        loggers.append(logger)
+    return loggers
+
+
 def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) -> L.Trainer:
     """A Trainer whose per-step bookkeeping stays a small fraction of the MLP's step.
 
     ``overrides`` are extra ``Trainer`` arguments (the benchmark turns the progress bar off).
     """
-    logger: Any = False
+    loggers: list[Logger] | bool = False
     callbacks: list[Any] = [FiniteLossGuard()]
-    if getattr(args, "gpu_memory_fraction", None) is not None:
+    if args.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(args.gpu_memory_fraction))
     if not args.fast_dev_run:
-        logger = TensorBoardLogger(args.logdir, name=args.name, default_hp_metric=False)
+        loggers = build_loggers(args)
         callbacks += [
             ModelCheckpoint(
                 monitor="val/acc", mode="max", save_top_k=1,
@@ -81,11 +135,11 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
             ),
             # Not save_last=True: Lightning writes that only when the best improves, and a
             # resume needs the newest state whether or not it was the best.
-            LastCheckpoint(every_n_train_steps=getattr(args, "checkpoint_every_n_steps", None)),
+            LastCheckpoint(every_n_train_steps=args.checkpoint_every_n_steps),
             LearningRateMonitor(logging_interval="step"),
             EpochStats(),
         ]
-        if getattr(args, "device_stats", False):
+        if args.device_stats:
             callbacks.append(DeviceStatsMonitor(cpu_stats=True))
     if overrides.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=25))
@@ -97,9 +151,9 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         precision=precision,
         max_epochs=args.max_epochs,
         deterministic=args.deterministic,
-        detect_anomaly=getattr(args, "detect_anomaly", False),
+        detect_anomaly=args.detect_anomaly,
         fast_dev_run=args.fast_dev_run,
-        logger=logger,
+        logger=loggers,
         callbacks=callbacks,
         log_every_n_steps=args.log_every_n_steps,
         enable_model_summary=False,
@@ -107,6 +161,31 @@ def build_trainer(args: argparse.Namespace, precision: str, **overrides: Any) ->
         plugins=[AtomicCheckpointIO()],
     )
     return L.Trainer(**{**settings, **overrides})
+
+
+def tensorboard_of(loggers: list[Logger]) -> TensorBoardLogger | None:
+    return next((lg for lg in loggers if isinstance(lg, TensorBoardLogger)), None)
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The run's folder: where checkpoints, model.pth, config.yaml and results.json go."""
+    local = next((lg for lg in trainer.loggers if isinstance(lg, (TensorBoardLogger, CSVLogger))), None)
+    return Path(local.log_dir) if local else Path(trainer.default_root_dir)
+
+
+def save_config(trainer: L.Trainer, args: argparse.Namespace, model: LitMNIST,
+                datamodule: MNISTDataModule) -> Path | None:
+    """``config.yaml``: the flags as resolved (tuned batch size and LR included) for ``--config``."""
+    if args.fast_dev_run or not trainer.is_global_zero:
+        return None
+    import yaml
+
+    resolved = argparse.Namespace(**{**vars(args), "batch_size": datamodule.batch_size, "lr": model.hparams.lr,
+                                     "scale_lr": False, "find_lr": False, "find_batch_size": False})
+    path = run_dir(trainer) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(to_config(resolved), sort_keys=False))
+    return path
 
 
 def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
@@ -182,13 +261,14 @@ def stop_cleanly_on_sigterm() -> Iterator[None]:
 
 def log_run_text(trainer: L.Trainer, args: argparse.Namespace, precision: str) -> None:
     """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
-    if not isinstance(trainer.logger, TensorBoardLogger):
+    tensorboard = tensorboard_of(trainer.loggers)
+    if tensorboard is None:
         return
     command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
     settings = {**vars(args), "precision (resolved)": precision, "world_size": trainer.world_size}
     table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{v}` |" for k, v in settings.items())
-    trainer.logger.experiment.add_text("run/command", f"`{command}`", 0)
-    trainer.logger.experiment.add_text("run/config", table, 0)
+    tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
+    tensorboard.experiment.add_text("run/config", table, 0)
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
@@ -197,14 +277,19 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
 
 
 def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], results: dict[str, float]) -> None:
-    """Fill TensorBoard's HPARAMS tab with the run's real best/test accuracy."""
-    if isinstance(trainer.logger, TensorBoardLogger):
-        from lightning.pytorch.core.saving import save_hparams_to_yaml
+    """Fill TensorBoard's HPARAMS tab (and the other loggers) with the run's real best/test accuracy."""
+    from lightning.pytorch.core.saving import save_hparams_to_yaml
 
-        trainer.logger.log_hyperparams(hparams, results)
-        trainer.logger.save()
-        # The logger wrote hparams.yaml when the run started, before these were known.
-        save_hparams_to_yaml(Path(trainer.logger.log_dir) / "hparams.yaml", hparams)
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.log_hyperparams(hparams, results)
+        else:
+            logger.log_hyperparams(hparams)
+            logger.log_metrics(results, step=trainer.global_step)
+        logger.save()
+    # The loggers wrote hparams.yaml when the run started, before these were known.
+    if trainer.loggers:
+        save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)
 
 
 def tune(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule,
@@ -236,7 +321,7 @@ def tune(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDa
         suggestion = finder.suggestion() if finder else None
         if suggestion:
             model.hparams.lr = float(suggestion)
-        plot = Path(trainer.logger.log_dir if trainer.logger else ".") / "lr_find.png"
+        plot = run_dir(trainer) / "lr_find.png"
         if finder:
             plot.parent.mkdir(parents=True, exist_ok=True)
             finder.plot(suggest=True).savefig(plot)

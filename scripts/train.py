@@ -23,9 +23,7 @@ def main() -> int:
     from project import training
     from project.callbacks import peak_memory_mb, release_cuda_cache
     from project.checkpointing import read_checkpoint
-    from project.datamodule import MNISTDataModule
     from project.devices import resolve_precision, validate_hardware
-    from project.lit_module import LitMNIST
 
     training.quiet_known_warnings()
     validate_hardware(args)
@@ -36,20 +34,13 @@ def main() -> int:
     if ckpt_path:
         read_checkpoint(ckpt_path)  # a corrupt or foreign file is reported in one line, now
 
-    datamodule = MNISTDataModule(
-        data_dir=args.data_dir, batch_size=args.batch_size, num_workers=args.num_workers,
-        pin_memory=args.pin_memory, val_size=args.val_size, seed=args.seed, loader=args.loader,
-    )
+    datamodule = training.build_datamodule(args)
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
-    model = LitMNIST(
-        hidden=args.hidden, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
-        weight_decay=args.weight_decay, scheduler=args.scheduler,
-    )
-    if args.compile:
-        model.model.compile(mode=None if args.compile == "default" else args.compile)
+    model = training.build_model(args)
     trainer = training.build_trainer(args, precision)
     training.log_run_text(trainer, args, precision)
     training.tune(trainer, model, datamodule, args)
+    config = training.save_config(trainer, args, model, datamodule)
 
     with training.stop_cleanly_on_sigterm():
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -72,7 +63,7 @@ def main() -> int:
         f"peak memory {peak_memory_mb(device):.0f} MiB ({memory_kind})",
     ]
     if not args.fast_dev_run:
-        run_dir = Path(trainer.logger.log_dir)
+        run_dir = training.run_dir(trainer)
         weights = training.save_weights(model.model, args.export or run_dir / "model.pth")
         if args.export_pt2:
             lines.append(f"portable program {training.save_program(model.model, args.export_pt2)}"
@@ -93,6 +84,7 @@ def main() -> int:
             f"best checkpoint  {best}  (val/acc {best_val:.4f})",
             f"last checkpoint  {last}",
             f"weights          {weights}  (loads into the article's nn.Sequential)",
+            f"config           {config}  (--config reproduces this run)",
             f"results          {run_dir / 'results.json'}",
             f"TensorBoard      tensorboard --logdir {run_dir}",
         ]

@@ -1,0 +1,222 @@
+"""Optuna sweeps over the template's flags: search space from YAML, trials as real training runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import optuna
+import yaml
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from project import training
+from project.callbacks import NonFiniteLossError
+from project.cli import build_parser, flag_names, to_config, values_argv
+from project.datamodule import MNISTDataModule
+from project.devices import resolve_precision
+from project.errors import UsageError
+
+TYPES = ("float", "int", "categorical")
+
+
+def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(fixed, params)`` from a sweep YAML, checked key by key with errors that name the key."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{path}: expected a mapping with 'params' (and optionally 'fixed')")
+    for key in document:
+        if key not in ("fixed", "params"):
+            raise UsageError(f"{path}: unknown top-level key {key!r} (expected 'params' and 'fixed')")
+    fixed, params = document.get("fixed") or {}, document.get("params") or {}
+    if not isinstance(fixed, dict) or not isinstance(params, dict) or not params:
+        raise UsageError(f"{path}: 'params' must map flag names to search specs (and 'fixed' to values)")
+    known = flag_names(build_parser())
+    for section, keys in (("fixed", fixed), ("params", params)):
+        for key in keys:
+            if str(key).replace("-", "_") not in known:
+                raise UsageError(f"{path}: {section}.{key}: not a train.py flag")
+    for key, spec in params.items():
+        _check_spec(path, key, spec)
+    try:  # a fixed value argparse would refuse is reported now, not at the first trial
+        build_parser().parse_args(values_argv(fixed, build_parser()))
+    except SystemExit:
+        raise UsageError(f"{path}: a value under 'fixed' is not valid for its flag (see the message above)") from None
+    return fixed, params
+
+
+def _check_spec(path: str | Path, key: str, spec: Any) -> None:
+    where = f"{path}: params.{key}"
+    if not isinstance(spec, dict) or spec.get("type") not in TYPES:
+        raise UsageError(f"{where}: needs 'type: float', 'type: int' or 'type: categorical'")
+    extra = set(spec) - {"type", "low", "high", "log", "step", "choices"}
+    if extra:
+        raise UsageError(f"{where}: unknown setting {sorted(extra)[0]!r}")
+    if spec["type"] == "categorical":
+        if not isinstance(spec.get("choices"), list) or not spec["choices"]:
+            raise UsageError(f"{where}: 'choices' must be a non-empty list")
+        return
+    low, high = spec.get("low"), spec.get("high")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        raise UsageError(f"{where}: 'low' and 'high' must be numbers")
+    if not low < high:
+        raise UsageError(f"{where}: 'low' ({low}) must be below 'high' ({high})")
+    if spec.get("log") and low <= 0:
+        raise UsageError(f"{where}: a log scale needs 'low' > 0")
+
+
+def suggest(trial: optuna.Trial, params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, spec in params.items():
+        if spec["type"] == "categorical":
+            values[key] = trial.suggest_categorical(key, spec["choices"])
+        elif spec["type"] == "int":
+            values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")),
+                                            step=int(spec.get("step", 1)))
+        else:
+            values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                              log=bool(spec.get("log")), step=spec.get("step"))
+    return values
+
+
+class PruneOnValAcc(Callback):
+    """Reports ``val/acc`` to Optuna each epoch; stops the run when the pruner says so."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+        self.pruned = False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+            return
+        self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.current_epoch)
+        if self.trial.should_prune():
+            self.pruned = True
+            trainer.should_stop = True
+
+
+def storage_for(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage; SQLite waits on a locked file instead of failing when processes share it."""
+    engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy raises many kinds for a bad URL
+        raise UsageError(f"--storage {url}: cannot open it ({str(err).splitlines()[0][:150]})") from None
+
+
+class Objective:
+    """One trial = one real training run in this process, on data loaded once for all trials."""
+
+    def __init__(self, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any], folder: Path) -> None:
+        self.fixed, self.params, self.base, self.folder = fixed, params, base, folder
+        self.datamodule: MNISTDataModule | None = None
+
+    def trial_args(self, values: dict[str, Any]) -> argparse.Namespace:
+        parser = build_parser()
+        return parser.parse_args(values_argv({**self.fixed, **self.base, **values}, parser))
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        args = self.trial_args(suggest(trial, self.params))
+        started = time.perf_counter()
+        L.seed_everything(args.seed, workers=True, verbose=False)
+        if self.datamodule is None:
+            self.datamodule = training.build_datamodule(args)
+            self.datamodule.prepare_data()
+        self.datamodule.batch_size = args.batch_size
+        model = training.build_model(args)
+        pruning = PruneOnValAcc(trial)
+        logger = TensorBoardLogger(self.folder, name="trials", version=f"trial_{trial.number:03d}",
+                                   default_hp_metric=False)
+        trainer = training.build_trainer(args, resolve_precision(args.precision, args.accelerator),
+                                         logger=logger, enable_progress_bar=False)
+        trainer.callbacks.append(pruning)
+        training.tune(trainer, model, self.datamodule, args)
+        try:
+            trainer.fit(model, datamodule=self.datamodule)
+        except NonFiniteLossError as err:
+            trial.set_user_attr("diverged", str(err))
+            print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)
+            raise optuna.TrialPruned() from None
+        _, _, best = training.checkpoint_paths(trainer)
+        training.log_hparams_with_results(trainer, {**model.hparams, "batch_size": args.batch_size,
+                                                    "max_epochs": args.max_epochs}, {"hp/val_acc_best": best})
+        seconds = time.perf_counter() - started
+        state = f"pruned at epoch {trainer.current_epoch}" if pruning.pruned else f"val/acc {best:.4f}"
+        print(f"trial {trial.number}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
+        if pruning.pruned:
+            raise optuna.TrialPruned()
+        return best
+
+
+def quiet() -> None:
+    """One line per trial instead of Lightning's and Optuna's banners for each."""
+    training.quiet_known_warnings()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
+    """Best-trials table, ``best.yaml`` for ``train.py --config``, history and importance plots."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    counts = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
+    lines = [f"study {study.study_name}: {len(study.trials)} trials "
+             f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})"]
+    if not done:
+        return "\n".join(lines + ["no trial completed yet"])
+    best = sorted(done, key=lambda t: t.value, reverse=True)[:top]
+    keys = sorted({k for t in best for k in t.params})
+    lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
+    lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
+              for t in best]
+    parser = build_parser()
+    best_args = parser.parse_args(values_argv({**fixed, **best[0].params}, parser))
+    config = {k: v for k, v in to_config(best_args).items() if k not in ("data_dir", "logdir", "name")}
+    (folder / "best.yaml").write_text(
+        f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"
+        + yaml.safe_dump(config, sort_keys=False))
+    lines += ["", f"best config  {folder / 'best.yaml'}  (train.py --config {folder / 'best.yaml'})"]
+    lines += _plots(study, folder)
+    (folder / "best_trials.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) and not math.isnan(value) else str(value)
+
+
+def _plots(study: optuna.Study, folder: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as optuna_plots
+
+    written = []
+    for name, plot in (("history", optuna_plots.plot_optimization_history),
+                       ("importance", optuna_plots.plot_param_importances)):
+        try:
+            axes = plot(study)
+        except (ValueError, RuntimeError) as err:  # e.g. importance needs two completed trials
+            written.append(f"{name} plot skipped: {str(err).splitlines()[0]}")
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
+        figure.set_size_inches(8, 4.5)
+        figure.tight_layout()
+        figure.savefig(folder / f"{name}.png", dpi=110)
+        plt.close(figure)
+        written.append(f"{name} plot  {folder / f'{name}.png'}")
+    return written
