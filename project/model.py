@@ -56,16 +56,6 @@ def export_state_dict(
     return state
 
 
-def load_exported(path: str, hidden: Sequence[int] | None = None) -> nn.Sequential:
-    """Load a ``model.pth`` into a bare ``nn.Sequential`` (the article's way of using it)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if hidden is None:
-        hidden = hidden_sizes_of(state)
-    net = build_sequential(hidden)
-    net.load_state_dict(state, strict=True)
-    return net.eval()
-
-
 def hidden_sizes_of(state: dict[str, torch.Tensor]) -> tuple[int, ...]:
     """Recover the hidden sizes from an exported state dict's weight shapes."""
     weights = [state[k] for k in sorted(

@@ -106,14 +106,16 @@ def test_portable_program_runs_with_torch_alone(trained):
     pixels = torch.rand(5, 1, 28, 28)
     expected = article(pixels.reshape(5, -1)).detach()
     torch.save(pixels, trained["run"] / "pixels.pt")
+    # -S: no site processing, so no .pth files (an editable install of this project is one);
+    # then only the folder torch lives in goes on the path.
     code = (
-        "import sys, torch\n"
+        f"import sys\nsys.path.append({str(Path(torch.__file__).parents[1])!r})\nimport torch\n"
         "try:\n    import project\n    sys.exit('project code is importable here')\nexcept ImportError:\n    pass\n"
         f"program = torch.export.load({str(trained['pt2'])!r}).module()\n"
         f"out = program(torch.load({str(trained['run'] / 'pixels.pt')!r}))\n"
         f"torch.save(out, {str(trained['run'] / 'out.pt')!r})\n"
     )
-    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120,
                           cwd="/")
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(torch.load(trained["run"] / "out.pt"), expected, atol=1e-5, rtol=1e-5)

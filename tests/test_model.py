@@ -4,7 +4,8 @@ from torch import nn
 from torchvision import transforms
 
 from project import MNIST_MEAN, MNIST_STD
-from project.model import MLP, build_sequential, export_state_dict, hidden_sizes_of, load_exported
+from project.evaluation import load_classifier
+from project.model import MLP, build_sequential, export_state_dict, hidden_sizes_of
 
 
 def test_accepts_images_and_flat_vectors():
@@ -53,8 +54,9 @@ def test_exported_deeper_model_round_trips(tmp_path):
     path = tmp_path / "model.pth"
     torch.save(export_state_dict(model), path)
     assert hidden_sizes_of(torch.load(path, weights_only=True)) == (64, 32)
-    net = load_exported(str(path))
-    x = torch.rand(3, 784)
+    classifier = load_classifier(weights=str(path))  # takes normalised images, like the MLP
+    assert isinstance(classifier.network, nn.Sequential)
+    assert len(classifier.network) == len(build_sequential((64, 32)))
+    x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
-        torch.testing.assert_close(net(x), model((x - MNIST_MEAN) / MNIST_STD), atol=1e-4, rtol=1e-4)
-    assert isinstance(net, nn.Sequential) and len(net) == len(build_sequential((64, 32)))
+        torch.testing.assert_close(classifier(x), model(x), atol=1e-4, rtol=1e-4)
