@@ -1,0 +1,24 @@
+import json
+
+import pytest
+
+from conftest import make_tiny_mnist, run_script
+
+
+@pytest.mark.slow
+def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data", n_train=5300, n_test=40)  # 300 left after the 5,000 for validation
+    out = tmp_path / "bench"
+    done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--batch-size", "64",
+                      "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "benchmark.json").read_text())
+    assert [r["key"] for r in result["rows"]] == ["a", "b", "c", "d"]
+    assert all(r["epoch_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in result["rows"])
+    assert next(r for r in result["rows"] if r["key"] == "b")["ratio_to_b"] == 1.0
+    assert result["train_samples"] == 256
+    assert result["time_to_accuracy"]["exit_code"] == 0 and result["time_to_accuracy"]["printed_s"] > 0
+    markdown = (out / "benchmark.md").read_text()
+    assert "| (c) template, in-memory loader |" in markdown and "time to accuracy" in markdown
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ratio to (b)" in done.stdout
