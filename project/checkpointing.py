@@ -103,5 +103,13 @@ def _load(path: Path) -> Any:
             raise CheckpointError(
                 f"{path}: holds Python objects, not just tensors; refused for safety (weights_only loading)"
             ) from None
-        reason = text.splitlines()[0][:120] if text else type(err).__name__
-        raise CheckpointError(f"{path}: corrupt or not a PyTorch file ({reason})") from None
+        raise CheckpointError(f"{path}: corrupt or not a PyTorch file ({_reason(text, err)})") from None
+
+
+def _reason(text: str, err: Exception) -> str:
+    """torch.load's messages run to paragraphs; keep what the user can act on."""
+    if "Weights only load failed" in text:
+        return "unreadable pickle data"
+    if "PytorchStreamReader" in text or "zip archive" in text:
+        return "damaged or truncated archive"
+    return text.splitlines()[0][:100] if text else type(err).__name__
