@@ -152,7 +152,7 @@ class Objective:
         training.log_hparams_with_results(trainer, {**model.hparams, "batch_size": args.batch_size,
                                                     "max_epochs": args.max_epochs}, {"hp/val_acc_best": best})
         seconds = time.perf_counter() - started
-        state = f"pruned at epoch {trainer.current_epoch}" if pruning.pruned else f"val/acc {best:.4f}"
+        state = f"pruned after {trainer.current_epoch} epoch(s)" if pruning.pruned else f"val/acc {best:.4f}"
         print(f"trial {trial.number}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
         if pruning.pruned:
             raise optuna.TrialPruned()
