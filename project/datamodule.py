@@ -263,14 +263,22 @@ class MNISTDataModule(L.LightningDataModule):
             self.test_set = self._materialise(self._as_split(self._mnist(train=False)))
 
     def _materialise(self, split: Dataset) -> Dataset:
-        """Gather a subset of tensors into its own tensors, on the device the run trains on."""
+        """Gather a subset of tensors into its own tensors."""
         if isinstance(split, Subset) and isinstance(split.dataset, TensorMNIST):
-            split = split.dataset.__getitems__(split.indices)
-            split = TensorMNIST(*split)
-        if isinstance(split, TensorMNIST):
-            device = self._device()
-            if device.type != "cpu":
-                split = split.to(device)
+            split = TensorMNIST(*split.dataset.__getitems__(split.indices))
+        return split
+
+    def _on_run_device(self, name: str) -> Dataset | None:
+        """The split, moved once to the device the run trains on.
+
+        Done when a loader is first asked for, not in ``setup()``: callbacks' ``setup`` (the GPU
+        memory cap among them) runs after the datamodule's, and the data must count against it.
+        """
+        split = getattr(self, name)
+        device = self._device()
+        if isinstance(split, TensorMNIST) and split.targets.device != device:
+            split = split.to(device)
+            setattr(self, name, split)
         return split
 
     def _world(self) -> tuple[int, int]:
@@ -310,7 +318,7 @@ class MNISTDataModule(L.LightningDataModule):
         return batch
 
     def train_dataloader(self) -> DataLoader:
-        loader = self._loader(self.train_set, self.batch_size, shuffle=True)
+        loader = self._loader(self._on_run_device("train_set"), self.batch_size, shuffle=True)
         self._train_sampler = loader.sampler
         self._train_sampler.resume_at = self._resume_at
         return loader
@@ -330,10 +338,10 @@ class MNISTDataModule(L.LightningDataModule):
                 self._train_sampler.resume_at = self._resume_at
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
+        return self._loader(self._on_run_device("val_set"), max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
+        return self._loader(self._on_run_device("test_set"), max(self.batch_size, EVAL_BATCH_SIZE), shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()

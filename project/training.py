@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -25,7 +26,7 @@ from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint, atomic_save
 from project.cli import to_config
 from project.datamodule import MNISTDataModule
-from project.errors import Terminated, UsageError
+from project.errors import Terminated, UsageError, UserError
 from project.lit_module import LitMNIST
 from project.model import MLP, export_state_dict
 
@@ -249,14 +250,22 @@ def _check_writable_dir(folder: Path, flag: str) -> None:
 
 
 @contextmanager
-def stop_cleanly_on_sigterm() -> Iterator[None]:
-    """Lightning exits with status 0 on SIGTERM; schedulers and scripts need to see it was stopped."""
+def reported_failures() -> Iterator[None]:
+    """Turn the failures a user causes or expects into one-line errors with a non-zero exit.
+
+    Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
+    """
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     try:
         yield
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
+    except torch.OutOfMemoryError as err:
+        first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
+        raise UserError(
+            f"{first}; lower --batch-size, try --precision 16-mixed, or raise --gpu-memory-fraction"
+        ) from None
 
 
 def log_run_text(trainer: L.Trainer, args: argparse.Namespace, precision: str) -> None:

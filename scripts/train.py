@@ -42,13 +42,13 @@ def main() -> int:
     training.tune(trainer, model, datamodule, args)
     config = training.save_config(trainer, args, model, datamodule)
 
-    with training.stop_cleanly_on_sigterm():
+    with training.reported_failures():
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    release_cuda_cache()
-    # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
-    best, last, best_val = training.checkpoint_paths(trainer)
-    test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    release_cuda_cache()
+        release_cuda_cache()
+        # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
+        best, last, best_val = training.checkpoint_paths(trainer)
+        test_metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+        release_cuda_cache()
     if not trainer.is_global_zero:
         return 0
 
