@@ -8,14 +8,15 @@ ARGS ?=
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install --no-compile -e ".[dev]"
 	touch $@
 
 train: $(VENV)/.installed
 	$(PY) scripts/train.py $(ARGS)
 
+# Two workers: most of the suite's time is subprocesses importing torch, which overlap well.
 test: $(VENV)/.installed
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -9,6 +9,7 @@ MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 NUM_CLASSES = 10
 IMAGE_PIXELS = 28 * 28
+EVAL_BATCH_SIZE = 1000  # evaluation holds no gradients: big batches, few steps
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "onecycle")

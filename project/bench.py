@@ -20,9 +20,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from torchvision import datasets, transforms
 
-from project import training
-from project.datamodule import MNISTDataModule, normalize, split_indices
+from project import EVAL_BATCH_SIZE
+from project.config import RunConfig
+from project.console import quiet_known_warnings
+from project.datamodule import normalize, split_indices
 from project.devices import resolve_accelerator, resolve_precision
+from project.figures import pyplot
+from project.idx_files import ensure_mnist, resolve_data_dir
 from project.model import build_sequential
 
 NAMES = {
@@ -66,8 +70,8 @@ def _autocast(device: torch.device, precision: str) -> Any:
 
 def _train_split(data_dir: Path, limit: int | None) -> list[int]:
     """The template's seeded train split, so every implementation sees the same samples."""
-    dm = MNISTDataModule(data_dir)
-    train, _ = split_indices(len(datasets.MNIST(data_dir, train=True)), dm.val_size, dm.seed)
+    defaults = RunConfig()
+    train, _ = split_indices(len(datasets.MNIST(data_dir, train=True)), defaults.val_size, defaults.seed)
     return train[:limit] if limit else train
 
 
@@ -76,7 +80,7 @@ def _evaluate(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> 
     with torch.no_grad():
         correct = sum(
             int((model(x.reshape(len(x), -1)).argmax(1) == y).sum())
-            for x, y in zip(images.split(1000), targets.split(1000), strict=True)
+            for x, y in zip(images.split(EVAL_BATCH_SIZE), targets.split(EVAL_BATCH_SIZE), strict=True)
         )
     model.train()
     return correct / len(targets)
@@ -123,38 +127,27 @@ def _hand_loops(
     return times[1:], _evaluate(model, test_x, test.targets.to(device))
 
 
-def _template(
-    kind: str, args: argparse.Namespace, precision: str, limit: int | None, data_dir: Path
-) -> tuple[list[float], float]:
-    from project.callbacks import EpochStats
-    from project.cli import parse_args
+def _template(kind: str, args: argparse.Namespace, limit: int | None, data_dir: Path) -> tuple[list[float], float]:
+    from project.run import train
 
     with tempfile.TemporaryDirectory() as logdir:
-        run_args = parse_args([
-            "--accelerator", args.accelerator, "--data-dir", str(data_dir), "--logdir", logdir, "--name", "bench",
-            "--max-epochs", str(args.epochs + 1), "--batch-size", str(args.batch_size),
-            "--loader", "memory" if kind == "c" else "torchvision",
+        config = RunConfig(
+            accelerator=args.accelerator, precision=args.precision, data_dir=str(data_dir), logdir=logdir,
+            name="bench", max_epochs=args.epochs + 1, batch_size=args.batch_size,
+            loader="memory" if kind == "c" else "torchvision",
             # the article's recipe, as in (a) and (b)
-            "--optimizer", "sgd", "--lr", str(ARTICLE_LR), "--momentum", "0", "--weight-decay", "0",
-            "--scheduler", "none",
-        ])
-        dm, model = training.build_datamodule(run_args), training.build_model(run_args)
-        trainer = training.build_trainer(
-            run_args, precision, enable_progress_bar=False,
-            **({"limit_train_batches": limit // args.batch_size} if limit else {}),
+            optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none",
+            trainer={"enable_progress_bar": False, **({"limit_train_batches": limit // args.batch_size}
+                                                       if limit else {})},
         )
-        trainer.fit(model, datamodule=dm)
-        accuracy = trainer.test(model, datamodule=dm, verbose=False)[0]["test/acc"]
-    stats = next(cb for cb in trainer.callbacks if isinstance(cb, EpochStats))
-    return stats.epoch_times[1:], float(accuracy)
+        result = train(config)
+    return result.epoch_times[1:], float(result.test_metrics["test/acc"])
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    from project.datamodule import resolve_data_dir
-
-    training.quiet_known_warnings()
+    quiet_known_warnings()
     data_dir = resolve_data_dir(args.data_dir)
-    MNISTDataModule(data_dir).prepare_data()
+    ensure_mnist(data_dir, download=True)
     accelerator = resolve_accelerator(args.accelerator)
     device = torch.device(accelerator)
     precision = resolve_precision(args.precision, accelerator)
@@ -163,8 +156,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     runners: dict[str, Callable[[], tuple[list[float], float]]] = {
         "a": lambda: _hand_loops("a", args, device, precision, train_idx, data_dir),
         "b": lambda: _hand_loops("b", args, device, precision, train_idx, data_dir),
-        "c": lambda: _template("c", args, precision, args.limit, data_dir),
-        "d": lambda: _template("d", args, precision, args.limit, data_dir),
+        "c": lambda: _template("c", args, args.limit, data_dir),
+        "d": lambda: _template("d", args, args.limit, data_dir),
     }
     for key in [k.strip() for k in args.only.split(",") if k.strip()]:
         print(f"running ({key}) {NAMES[key]} ...", file=sys.stderr, flush=True)
@@ -231,11 +224,7 @@ def report(results: dict[str, Any], out: Path) -> None:
     print(markdown)
     (out / "benchmark.json").write_text(json.dumps(results, indent=2))
     (out / "benchmark.md").write_text(markdown)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
     labels = [f"({r['key']}) {r['implementation']}" for r in results["rows"]]
     ax.barh(labels[::-1], [r["epoch_s"] for r in results["rows"]][::-1], color="#4c72b0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 import time
 from typing import Any
 
@@ -10,23 +9,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.errors import UserError
+from project.devices import peak_memory_mb
+from project.errors import NonFiniteLossError, UserError
 
-
-class NonFiniteLossError(UserError):
-    """Training diverged; raised so that no checkpoint of the broken weights is written."""
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocated memory on a CUDA device, else this process's peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _batch_size(trainer: L.Trainer) -> int:
-    loader = trainer.train_dataloader
-    return loader.batch_size or loader.batch_sampler.batch_size
+NEVER = torch.iinfo(torch.int64).max
 
 
 class EpochStats(Callback):
@@ -64,8 +50,10 @@ class EpochStats(Callback):
         elapsed = self._now(trainer) - self._start
         self._start = None
         # Counted here, not per batch: a per-batch hook would cost every step.
+        loader = trainer.train_dataloader
+        batch_size = loader.batch_size or loader.batch_sampler.batch_size
         batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        samples = min(batches * _batch_size(trainer), len(trainer.train_dataloader.sampler))
+        samples = min(batches * batch_size, len(loader.sampler))
         self.epoch_times.append(elapsed)
         self.last = {
             "perf/epoch_time_s": elapsed,
@@ -86,20 +74,16 @@ class GpuMemoryFraction(Callback):
             torch.cuda.set_per_process_memory_fraction(self.fraction, device)
 
 
-def release_cuda_cache() -> None:
-    """Hand cached, unused CUDA blocks back to the driver (other processes can use them)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
 class FiniteLossGuard(Callback):
-    """Stops at the first non-finite training loss, before a checkpoint can store broken weights.
+    """Stops at the first non-finite training loss, and never lets a checkpoint store broken weights.
 
-    The check runs on the host every step only on CPU, where it is free; on an accelerator the
-    flag stays on the device and is read when the logger syncs anyway, so steps never block.
+    On CPU the loss is checked every step, where it is free. On an accelerator the flag stays
+    on the device (no per-step sync) and is read at logging steps, at the end of each epoch and
+    before every checkpoint; the weights themselves are checked before every save too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, deferred: bool = False) -> None:
+        self.deferred = deferred  # True: the accelerator's way even on CPU (for tests of that path)
         self._first_bad: torch.Tensor | None = None
 
     def on_train_batch_end(
@@ -109,11 +93,11 @@ class FiniteLossGuard(Callback):
         if loss is None:
             return
         step = trainer.global_step
-        if loss.device.type == "cpu":
+        if loss.device.type == "cpu" and not self.deferred:
             if not torch.isfinite(loss):
                 self._raise(trainer, step)
             return
-        bad_step = torch.where(torch.isfinite(loss), torch.iinfo(torch.int64).max, step)
+        bad_step = torch.where(torch.isfinite(loss), NEVER, step)
         self._first_bad = bad_step if self._first_bad is None else torch.minimum(self._first_bad, bad_step)
         if step % trainer.log_every_n_steps == 0:
             self._check(trainer)
@@ -121,10 +105,22 @@ class FiniteLossGuard(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._check(trainer)
+        broken = [name for name, value in checkpoint.get("state_dict", {}).items()
+                  if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+        if broken:
+            raise NonFiniteLossError(
+                f"weights became non-finite ({broken[0]}) by epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; stopped before saving them (lower --lr, or try --precision 32); "
+                "the last good checkpoint is kept"
+            )
+
     def _check(self, trainer: L.Trainer) -> None:
         if self._first_bad is not None:
             first = int(self._first_bad)
-            if first != torch.iinfo(torch.int64).max:
+            if first != NEVER:
                 self._raise(trainer, first)
 
     def _raise(self, trainer: L.Trainer, step: int) -> None:
@@ -133,3 +129,27 @@ class FiniteLossGuard(Callback):
             "stopped before saving it (lower --lr, or try --precision 32); "
             "the last good checkpoint is kept"
         )
+
+
+class OneCycleResumeCheck(Callback):
+    """A one-cycle schedule restored from a checkpoint must span the steps this run will take."""
+
+    def __init__(self) -> None:
+        self._restored = False
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._restored = bool(checkpoint.get("lr_schedulers"))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._restored:
+            return
+        self._restored = False
+        planned = int(trainer.estimated_stepping_batches)
+        for config in trainer.lr_scheduler_configs:
+            total = getattr(config.scheduler, "total_steps", None)
+            if total is not None and total != planned:
+                raise UserError(
+                    f"the checkpoint's onecycle schedule spans {total} steps but these settings give {planned}; "
+                    "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
+                )

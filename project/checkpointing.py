@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.callbacks import NonFiniteLossError
-from project.errors import UserError
-
-
-class CheckpointError(UserError):
-    """A checkpoint or weights file that is missing, corrupt or from something else."""
+from project.errors import CheckpointError, NonFiniteLossError, UsageError
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -113,3 +109,27 @@ def _reason(text: str, err: Exception) -> str:
     if "PytorchStreamReader" in text or "zip archive" in text:
         return "damaged or truncated archive"
     return text.splitlines()[0][:100] if text else type(err).__name__
+
+
+def newest_run(logdir: str | os.PathLike, name: str, containing: str = "checkpoints") -> Path:
+    """The highest ``version_N`` under ``logdir/name`` that holds ``containing``."""
+    runs = [p for p in Path(logdir, name).glob("version_*")
+            if re.fullmatch(r"version_\d+", p.name) and (p / containing).exists()]
+    if not runs:
+        raise UsageError(f"no run with {containing} under {Path(logdir, name)}; train first or pass a path")
+    return max(runs, key=lambda p: int(p.name.split("_")[1]))
+
+
+def find_checkpoint(spec: str, logdir: str | os.PathLike, name: str, flag: str) -> Path:
+    """``best`` / ``last`` mean the newest run's best or last checkpoint; anything else is a path."""
+    if spec not in ("best", "last"):
+        return Path(spec)
+    try:
+        run = newest_run(logdir, name, "checkpoints/last.ckpt" if spec == "last" else "checkpoints")
+    except UsageError as err:
+        raise UsageError(f"{flag} {spec}: {err}") from None
+    folder = run / "checkpoints"
+    found = sorted(folder.glob("best-*.ckpt")) if spec == "best" else [folder / "last.ckpt"]
+    if not found:
+        raise UsageError(f"{flag} {spec}: no {spec} checkpoint in {folder}")
+    return found[-1]

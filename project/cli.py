@@ -1,223 +1,194 @@
-"""Command-line flags of ``scripts/train.py``; imports nothing heavy so ``--help`` is instant."""
+"""Every script's command line; ``train.py``'s is generated from ``RunConfig``. Imports nothing heavy."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from project import LOADERS, OPTIMIZERS, SCHEDULERS, __version__
+from project import __version__
+from project.config import ACCELERATORS, PRECISIONS, RunConfig, load_yaml, resolve_config
+from project.errors import UsageError
+from project.validators import flag, one_of, positive_int
 
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-BASE_BATCH = 256  # the batch the default --lr is tuned for; --scale-lr scales from it
-
-
-def positive_int(text: str) -> int:
-    value = _number(text, int)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
+GROUPS = ("hardware", "recipe", "data", "run")
+EPILOG = """\
+Any other lightning.Trainer argument, as with LightningCLI:
+  --trainer.KEY VALUE or --trainer.KEY=VALUE, e.g. --trainer.accumulate_grad_batches 4,
+  --trainer.gradient_clip_val=0.5, --trainer.limit_train_batches 0.1, --trainer.profiler simple.
+  In a --config file: a `trainer:` mapping. Keys and values are checked against Trainer's signature.
+"""
 
 
-def positive_float(text: str) -> float:
-    value = _number(text, float)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, like the rest of the template's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
-
-
-def _number(text: str, kind: type) -> int | float:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a valid {kind.__name__}: {text!r}") from None
-
-
-def memory_fraction(text: str) -> float:
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def hidden_sizes(text: str) -> list[int]:
-    """``128`` or ``256,128``: one or more hidden layer widths."""
-    parts = [p for p in text.replace(" ", "").split(",") if p]
-    if not parts:
-        raise argparse.ArgumentTypeError("needs at least one layer size, e.g. 128 or 256,128")
-    return [positive_int(p) for p in parts]
-
-
-def devices_spec(text: str) -> int | list[int] | str:
-    """A count (``2``), ``-1``/``auto`` for all, or device indices (``0,1`` or ``1,``)."""
-    text = text.strip()
-    if text == "auto":
-        return text
-    if "," in text:
+def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """A setting's check as an argparse ``type``: its ValueError becomes argparse's message."""
+    def convert(text: str) -> Any:
         try:
-            indices = [int(p) for p in text.split(",") if p.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"device indices must be integers, got {text!r}") from None
-        if not indices or any(i < 0 for i in indices) or len(set(indices)) != len(indices):
-            raise argparse.ArgumentTypeError(f"device indices must be distinct and >= 0, got {text!r}")
-        return indices
-    count = _number(text, int)
-    if count == 0 or count < -1:
-        raise argparse.ArgumentTypeError(f"device count must be >= 1 (or -1 for all), got {text}")
-    return count
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = getattr(check, "__name__", "value")
+    return convert
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="train.py",
-        description="Train the MNIST MLP with PyTorch Lightning, then test the best checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def build_parser(prog: str = "train.py") -> OneLineParser:
+    """Flags named after ``RunConfig`` fields; defaults stay out of the namespace so a config file can set them."""
+    parser = OneLineParser(
+        prog=prog, description="Train the MNIST MLP with PyTorch Lightning, then test the best checkpoint.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-
-    hw = parser.add_argument_group("hardware")
-    hw.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
-    hw.add_argument("--devices", type=devices_spec, default=1,
-                    help="count per node (2), all (-1), or indices (0,1 or 1, for cuda:1)")
-    hw.add_argument("--num-nodes", type=positive_int, default=1)
-    hw.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...")
-    hw.add_argument("--precision", default="32", choices=PRECISIONS, metavar="PRECISION",
-                    help="32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true (16-mixed on CPU uses bf16-mixed)")
-    hw.add_argument("--gpu-memory-fraction", type=memory_fraction, default=None, metavar="F",
-                    help="cap each process's CUDA memory at this share of its GPU (0 < F <= 1)")
-    hw.add_argument("--device-stats", action="store_true", help="log device utilisation (DeviceStatsMonitor)")
-    hw.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
-                    help="torch.compile the model (mode; reduce-overhead uses CUDA graphs on GPU)")
-    hw.add_argument("--detect-anomaly", action="store_true", help="autograd anomaly detection (slow; debugging)")
-
-    opt = parser.add_argument_group("recipe")
-    opt.add_argument("--max-epochs", type=positive_int, default=6)
-    opt.add_argument("--batch-size", type=positive_int, default=256, help="per device")
-    opt.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
-    opt.add_argument("--lr", type=positive_float, default=0.2, help="peak LR under onecycle")
-    opt.add_argument("--momentum", type=non_negative_float, default=0.9, help="SGD only (Nesterov when > 0)")
-    opt.add_argument("--weight-decay", type=non_negative_float, default=5e-4)
-    opt.add_argument("--scheduler", default="onecycle", choices=SCHEDULERS)
-    opt.add_argument("--hidden", type=hidden_sizes, default=[128], help="hidden widths, e.g. 128 or 256,128")
-    opt.add_argument("--scale-lr", action="store_true",
-                     help=f"linear scaling rule: lr x global batch / {BASE_BATCH}")
-    opt.add_argument("--find-lr", action="store_true", help="run Lightning's LR finder first and use its pick")
-    opt.add_argument("--find-batch-size", action="store_true",
-                     help="run Lightning's batch-size finder first (largest batch that fits) and use it")
-    opt.add_argument("--seed", type=int, default=0)
-    opt.add_argument("--deterministic", action="store_true", help="use only deterministic algorithms")
-
-    data = parser.add_argument_group("data")
-    data.add_argument("--data-dir", default=None,
-                      help="folder holding MNIST/raw/ (default: $DATA_DIR, else data/)")
-    data.add_argument("--val-size", type=positive_int, default=5000,
-                      help="images of the training file held out for validation (seeded split)")
-    data.add_argument("--loader", default="memory", choices=LOADERS,
-                      help="memory: whole split as one tensor, batches by gather; torchvision: per-sample")
-    data.add_argument("--num-workers", type=non_negative_int, default=0, help="torchvision loader only")
-    data.add_argument("--pin-memory", action="store_true", help="torchvision loader only")
-
-    run = parser.add_argument_group("run")
-    run.add_argument("--fast-dev-run", action="store_true", help="one batch of each stage, no logs or files")
-    run.add_argument("--logdir", default="lightning_logs")
-    run.add_argument("--logger", default="tensorboard",
-                     help="tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
-    run.add_argument("--name", default="mnist", help="experiment name: runs go to LOGDIR/NAME/version_N")
-    run.add_argument("--log-every-n-steps", type=positive_int, default=50)
-    run.add_argument("--resume", default=None, metavar="CKPT|last",
-                     help="checkpoint to continue from; 'last' = newest run's last.ckpt")
-    run.add_argument("--checkpoint-every-n-steps", type=positive_int, default=None, metavar="N",
-                     help="also refresh last.ckpt every N optimizer steps (it is always written each epoch)")
-    run.add_argument("--export", default=None, metavar="PATH",
-                     help="where to write model.pth (default: inside the run folder)")
-    run.add_argument("--export-pt2", default=None, metavar="PATH",
-                     help="also write a torch.export program (.pt2) that loads with torch alone")
-    run.add_argument("--overwrite", action="store_true", help="let --export replace an existing file")
-    run.add_argument("--config", default=None, metavar="FILE.yaml",
-                     help="read flags from a YAML file (keys: flag names); the command line overrides it")
-    run.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    for name, spec in RunConfig.settings().items():
+        meta = spec.metadata
+        default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+        shown = "" if default is None or default is False else f" (default: {_shown(default)})"
+        options: dict[str, Any] = {"help": (meta["help"] + shown).strip() or None}
+        if meta["check"] is flag:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options.update(type=argparse_type(meta["check"]), metavar=meta["metavar"] or name.upper())
+            if meta["const"] is not None:
+                options.update(nargs="?", const=meta["const"])
+        groups[meta["group"]].add_argument("--" + name.replace("_", "-"), **options)
+    groups["run"].add_argument("--config", metavar="FILE.yaml",
+                               help="read settings from a YAML file (keys: flag names); the command line overrides it")
     return parser
 
 
-# Flags that describe one invocation, not the experiment: never read from or saved to a config.
-NOT_IN_CONFIG = ("config", "debug", "resume", "export", "export_pt2", "overwrite", "fast_dev_run")
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
-    """A YAML file of flag values as command-line tokens, so argparse checks them like typed flags."""
-    import yaml
+def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Take ``--trainer.KEY VALUE`` / ``--trainer.KEY=VALUE`` out of ``argv``; values typed as YAML reads them."""
+    from project.trainer_args import parse_text
 
-    try:
-        with open(path, encoding="utf-8") as stream:
-            values = yaml.safe_load(stream) or {}
-    except OSError as err:
-        parser.error(f"--config {path}: cannot read it ({err.strerror or err})")
-    except yaml.YAMLError as err:
-        parser.error(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})")
-    if not isinstance(values, dict):
-        parser.error(f"--config {path}: expected a mapping of flag names to values")
-    try:
-        return values_argv(values, parser)
-    except ValueError as err:
-        parser.error(f"--config {path}: {err}")
-
-
-def flag_names(parser: argparse.ArgumentParser) -> set[str]:
-    """The keys a config or a sweep may set (``max_epochs`` style)."""
-    return {a.dest for a in parser._actions if a.option_strings} - set(NOT_IN_CONFIG) - {"help", "version"}  # noqa: SLF001
+    rest: list[str] = []
+    trainer: dict[str, Any] = {}
+    tokens = iter(argv)
+    for token in tokens:
+        if not token.startswith("--trainer."):
+            rest.append(token)
+            continue
+        key, equals, value = token.removeprefix("--trainer.").partition("=")
+        if not equals:
+            value = next(tokens, None)
+            if value is None or value.startswith("--"):
+                raise UsageError(f"--trainer.{key}: needs a value, e.g. --trainer.{key} VALUE")
+        if not key:
+            raise UsageError("--trainer.: name a Trainer argument, e.g. --trainer.accumulate_grad_batches 4")
+        trainer[key] = parse_text(value)
+    return rest, trainer
 
 
-def values_argv(values: dict[str, object], parser: argparse.ArgumentParser) -> list[str]:
-    """Flag values (``{"max_epochs": 3}``) as tokens (``["--max-epochs", "3"]``); ValueError names a bad key."""
-    actions = {a.dest: a for a in parser._actions}  # noqa: SLF001 - argparse has no public accessor
-    allowed = flag_names(parser)
-    tokens: list[str] = []
-    for key, value in values.items():
-        dest = str(key).replace("-", "_")
-        if dest not in allowed:
-            raise ValueError(f"unknown key {key!r} (keys are train.py flag names, e.g. max_epochs)")
-        flag = actions[dest].option_strings[-1]
-        if isinstance(actions[dest], argparse._StoreTrueAction):  # noqa: SLF001
-            if not isinstance(value, bool):
-                raise ValueError(f"{key} must be true or false, got {value!r}")
-            tokens += [flag] if value else []
-        elif value is not None:
-            text = ",".join(map(str, value)) + ("," if len(value) == 1 and dest == "devices" else "") \
-                if isinstance(value, list) else str(value)
-            tokens += [flag, text]
-    return tokens
-
-
-def to_config(args: argparse.Namespace) -> dict[str, object]:
-    """The resolved flags as a config mapping that ``--config`` reads back to the same run."""
-    return {k: v for k, v in vars(args).items() if k not in NOT_IN_CONFIG}
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") -> RunConfig:
+    """Defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``."""
+    parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    if known.config:
-        argv = config_argv(known.config, parser) + argv  # later tokens win: the command line overrides
-    args = parser.parse_args(argv)
-    if args.fast_dev_run and args.resume:
-        parser.error("--fast-dev-run cannot be combined with --resume")
-    return args
+    try:
+        rest, trainer = split_trainer_args(argv)
+        given = vars(parser.parse_args(rest))
+        layers: list[tuple[dict[str, Any], str]] = []
+        config_file = given.pop("config", None)
+        if config_file:
+            layers.append((load_yaml(config_file, f"--config {config_file}"), f"--config {config_file}"))
+        layers.append(({**given, "trainer": trainer}, ""))
+        return resolve_config(layers)
+    except UsageError as err:
+        parser.error(str(err))
+
+
+# ---------------------------------------------------------------- the other scripts' command lines
+
+DATA_DIR_HELP = "folder holding MNIST/raw/ (default: $DATA_DIR, else data/)"
+
+
+def _tool_parser(prog: str, description: str | None) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def _model_source(parser: argparse.ArgumentParser) -> None:
+    """Where evaluate.py and predict.py take their model from."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", metavar="PATH|best|last", help="a checkpoint, or best/last of the newest run "
+                        "(default: best)")
+    source.add_argument("--weights", metavar="model.pth", help="an exported model.pth")
+    parser.add_argument("--logdir", default="lightning_logs")
+    parser.add_argument("--name", default="mnist")
+
+
+def parse_evaluate_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("evaluate.py", description)
+    _model_source(parser)
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the confusion matrix to this file")
+    return parser.parse_args()
+
+
+def parse_predict_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("predict.py", description)
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")
+    _model_source(parser)
+    parser.add_argument("--topk", type=argparse_type(positive_int), default=1, help="show the K most likely digits")
+    parser.add_argument("--json", action="store_true", help="one JSON document with every result")
+    return parser.parse_args()
+
+
+def parse_sweep_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("sweep.py", description)
+    parser.add_argument("--space", default="configs/sweep.yaml", help="search space (YAML)")
+    parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20, help="trials this process runs")
+    parser.add_argument("--storage", default="sqlite:///sweeps.db", help="any SQLAlchemy URL")
+    parser.add_argument("--study-name", default="mnist-sweep")
+    parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
+    parser.add_argument("--sampler-seed", type=int, help="seed Optuna's TPE sampler")
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
+    parser.add_argument("--val-size", type=argparse_type(positive_int), default=5000)
+    parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+    return parser.parse_args()
+
+
+def parse_benchmark_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("benchmark.py", description)
+    count = argparse_type(positive_int)
+    parser.add_argument("--batch-size", type=count, default=64)
+    parser.add_argument("--epochs", type=count, default=3, help="timed epochs, after one warm-up epoch")
+    parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+    parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
+    parser.add_argument("--only", default="a,b,c,d", help="which implementations to run, e.g. b,c")
+    parser.add_argument("--no-time-to-accuracy", action="store_true",
+                        help="skip timing the whole default scripts/train.py command")
+    parser.add_argument("--out", default="benchmark-results", help="folder for benchmark.json/.md/.png")
+    return parser.parse_args()
+
+
+def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("check_gpu.py", description)
+    parser.add_argument("--json", action="store_true", help="print the same facts as JSON")
+    parser.add_argument("--bench", action="store_true", help="time a matmul on each device (TFLOP/s)")
+    return parser.parse_args()
+
+
+def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
+    parser = _tool_parser("plot_scalars.py", description)
+    parser.add_argument("run", help="a run folder, e.g. lightning_logs/mnist/version_0")
+    parser.add_argument("--out", default="scalars.png")
+    parser.add_argument("--tags", default=",".join(default_tags), help="comma-separated scalar tags")
+    return parser.parse_args()

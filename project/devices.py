@@ -1,13 +1,14 @@
-"""Which hardware a run asks for, checked against what this machine has before the Trainer starts."""
+"""Which hardware a run asks for, checked against what this machine has; device memory helpers."""
 
 from __future__ import annotations
 
-import argparse
 import os
+import resource
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from project.config import RunConfig
 from project.errors import UsageError
 
 # Lightning's shorthands, spelled out so that Lightning does not warn about them.
@@ -46,18 +47,24 @@ def _what_is_here() -> str:
     return "only the CPU"
 
 
-def validate_hardware(args: argparse.Namespace) -> str:
-    """Refuse, in one line, a request this machine cannot serve; return the resolved accelerator."""
-    accelerator = resolve_accelerator(args.accelerator)
+def resolve_hardware(config: RunConfig) -> RunConfig:
+    """The config with its precision resolved for this machine, or a one-line refusal of what it cannot serve."""
+    validate_hardware(config)
+    return config.replace(precision=resolve_precision(config.precision, config.accelerator))
+
+
+def validate_hardware(config: RunConfig) -> None:
+    """Refuse, in one line, a request this machine cannot serve."""
+    accelerator = resolve_accelerator(config.accelerator)
     if accelerator == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise UsageError(
-            f"--accelerator {args.accelerator}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
+            f"--accelerator {config.accelerator}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
             f"this machine has {_what_is_here()}. Use --accelerator cpu, or see scripts/check_gpu.py"
         )
     if accelerator == "mps" and not mps_available():
         raise UsageError(f"--accelerator mps: no Apple GPU (MPS) here; this machine has {_what_is_here()}")
-    devices = args.devices
+    devices = config.devices
     if accelerator == "cuda":
         count = torch.cuda.device_count()
         if isinstance(devices, int) and devices > count:
@@ -73,20 +80,18 @@ def validate_hardware(args: argparse.Namespace) -> str:
             f"--devices {','.join(map(str, devices))}: device indices select GPUs; on {accelerator} give a "
             "process count instead, e.g. --devices 2"
         )
-    fraction = getattr(args, "gpu_memory_fraction", None)
-    if fraction is not None and accelerator != "cuda":
+    if config.gpu_memory_fraction is not None and accelerator != "cuda":
         raise UsageError(
             f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
         )
-    _validate_strategy(args.strategy)
-    if args.strategy.startswith("fsdp") and accelerator != "cuda":
-        raise UsageError(f"--strategy {args.strategy} shards the model over GPUs; it needs --accelerator gpu")
-    if args.num_nodes > 1 and not launched_by_cluster_tool():
+    _validate_strategy(config.strategy)
+    if config.strategy.startswith("fsdp") and accelerator != "cuda":
+        raise UsageError(f"--strategy {config.strategy} shards the model over GPUs; it needs --accelerator gpu")
+    if config.num_nodes > 1 and not launched_by_cluster_tool():
         raise UsageError(
-            f"--num-nodes {args.num_nodes}: start one copy per machine with torchrun (--nnodes, --node-rank, "
+            f"--num-nodes {config.num_nodes}: start one copy per machine with torchrun (--nnodes, --node-rank, "
             "--master-addr) or srun under SLURM; see the README's multi-node section"
         )
-    return accelerator
 
 
 def launched_by_cluster_tool() -> bool:
@@ -110,3 +115,16 @@ def _validate_strategy(strategy: str) -> None:
             f"--strategy {strategy!r} is not a Lightning strategy; common ones: auto, ddp, ddp_spawn, "
             "ddp_find_unused_parameters_false, fsdp (all: lightning.pytorch.strategies.StrategyRegistry)"
         )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated memory on a CUDA device, else this process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def release_cuda_cache() -> None:
+    """Hand cached, unused CUDA blocks back to the driver (other processes can use them)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""User-facing errors: scripts print their message in one line instead of a traceback."""
+"""Every error a user can cause or fix, and how scripts report them: one line instead of a traceback."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import gc
 import sys
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -26,18 +27,31 @@ class Terminated(UserError):
     exit_code = 128 + 15
 
 
-def run_cli(main: Callable[[], int | None], prog: str) -> None:
-    """Run a script's ``main``, turning ``UserError`` into one line on stderr.
+class MNISTDataError(UserError):
+    """The MNIST files are missing or unreadable."""
 
-    ``--debug`` anywhere on the command line shows the full traceback instead.
-    """
+
+class CheckpointError(UserError):
+    """A checkpoint or weights file that is missing, corrupt or from something else."""
+
+
+class NonFiniteLossError(UserError):
+    """Training diverged; raised so that no checkpoint of the broken weights is written."""
+
+
+class ImageError(UserError):
+    """A file that is not a usable image of a digit."""
+
+
+def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> NoReturn:
+    """Run a script's ``main``, turning ``UserError`` into one line on stderr (``debug``: the traceback too)."""
     try:
         code = main()
         # Leave torch's and Lightning's large object graph out of the collection Python runs at
         # exit (about a second here); objects are still finalised, files still flushed.
         gc.freeze()
     except UserError as err:
-        if "--debug" in sys.argv:
+        if debug:
             traceback.print_exc()
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,9 +9,9 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from project import MNIST_MEAN, MNIST_STD, NUM_CLASSES
-from project.checkpointing import CheckpointError, read_checkpoint, read_weights
-from project.errors import UsageError
+from project import EVAL_BATCH_SIZE, MNIST_MEAN, MNIST_STD, NUM_CLASSES
+from project.checkpointing import find_checkpoint, read_checkpoint, read_weights
+from project.errors import CheckpointError
 from project.model import build_sequential, hidden_sizes_of
 
 
@@ -39,25 +36,6 @@ class Classifier(nn.Module):
         return self.network(x)
 
 
-def newest_run(logdir: str | os.PathLike, name: str) -> Path:
-    runs = [p for p in Path(logdir, name).glob("version_*") if re.fullmatch(r"version_\d+", p.name)
-            and (p / "checkpoints").is_dir()]
-    if not runs:
-        raise UsageError(f"no training run with checkpoints under {Path(logdir, name)}; train first or pass a path")
-    return max(runs, key=lambda p: int(p.name.split("_")[1]))
-
-
-def resolve_checkpoint(spec: str, logdir: str | os.PathLike, name: str) -> Path:
-    """``best`` / ``last`` mean the newest run's best or last checkpoint; anything else is a path."""
-    if spec not in ("best", "last"):
-        return Path(spec)
-    folder = newest_run(logdir, name) / "checkpoints"
-    found = sorted(folder.glob("best-*.ckpt")) if spec == "best" else [folder / "last.ckpt"]
-    if not found or not found[-1].is_file():
-        raise UsageError(f"--ckpt {spec}: no {spec} checkpoint in {folder}")
-    return found[-1]
-
-
 def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir: str = "lightning_logs",
                     name: str = "mnist") -> Classifier:
     """From ``--weights model.pth``, or ``--ckpt PATH|best|last`` (default: ``best``)."""
@@ -71,7 +49,7 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
         return Classifier(network.eval(), takes_raw_pixels=True, source=str(weights))
     from project.lit_module import LitMNIST
 
-    path = resolve_checkpoint(ckpt or "best", logdir, name)
+    path = find_checkpoint(ckpt or "best", logdir, name, "--ckpt")
     state = read_checkpoint(path)
     module = LitMNIST(**state["hyper_parameters"])
     module.load_state_dict(state["state_dict"], strict=True)
@@ -80,7 +58,7 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
 
 @torch.no_grad()
 def evaluate(classifier: Classifier, images: torch.Tensor, targets: torch.Tensor,
-             batch_size: int = 1000) -> dict[str, Any]:
+             batch_size: int = EVAL_BATCH_SIZE) -> dict[str, Any]:
     """Test loss, accuracy, per-class accuracy and confusion matrix, all through torchmetrics."""
     loss = MeanMetric()
     accuracy = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
@@ -118,3 +96,19 @@ def render(results: dict[str, Any]) -> str:
     for row, counts in enumerate(results["confusion_matrix"]):
         lines.append(f"{row:>4} " + "".join(f"{v:>6}" for v in counts))
     return "\n".join(lines)
+
+
+def evaluate_test_set(classifier: Classifier, data_dir: str | None = None) -> dict[str, Any]:
+    """``evaluate`` on the 10,000 MNIST test images, normalised as in training."""
+    from project.datamodule import MNISTDataModule
+
+    datamodule = MNISTDataModule(data_dir)
+    datamodule.setup("test")
+    return evaluate(classifier, datamodule.test_set.images, datamodule.test_set.targets)
+
+
+def plot_confusion(results: dict[str, Any], path: str) -> None:
+    from project.figures import confusion_figure
+
+    title = f"test set, accuracy {results['test/acc']:.4f}"
+    confusion_figure(torch.tensor(results["confusion_matrix"]), title).savefig(path, dpi=120)

@@ -1,4 +1,4 @@
-"""Pictures for TensorBoard: cheap tensor-drawn ones during training, matplotlib ones at the end."""
+"""Pictures of data and results: cheap tensor-drawn ones during training, matplotlib ones at the end."""
 
 from __future__ import annotations
 
@@ -47,10 +47,12 @@ def confusion_heatmap(matrix: torch.Tensor, cell: int = 24) -> torch.Tensor:
 
 def confusion_figure(matrix: torch.Tensor, title: str) -> Any:
     """A labelled confusion-matrix figure with counts in each cell."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure  # not pyplot: figures may be drawn off the main thread
+
     counts = matrix.detach().cpu().long()
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    ax.imshow(counts / counts.sum(dim=1, keepdim=True).clamp(min=1), cmap="Blues", vmin=0, vmax=1)
+    fig = Figure(figsize=(5.5, 5))
+    ax = fig.subplots()
+    ax.imshow((counts / counts.sum(dim=1, keepdim=True).clamp(min=1)).numpy(), cmap="Blues", vmin=0, vmax=1)
     for (row, col), value in ((rc, int(counts[rc])) for rc in _cells(counts.shape[0])):
         if value:
             colour = "white" if row == col else "black"
@@ -64,16 +66,18 @@ def confusion_figure(matrix: torch.Tensor, title: str) -> Any:
 def misclassified_figure(images: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor,
                          confidence: torch.Tensor) -> Any:
     """Grid of misclassified images, each titled with its predicted and true label."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
+
     count = len(images)
     columns = 8
     rows = max(1, (count + columns - 1) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(columns * 1.2, rows * 1.45), squeeze=False)
+    fig = Figure(figsize=(columns * 1.2, rows * 1.45))
+    axes = fig.subplots(rows, columns, squeeze=False)
     shown = denormalize(images.detach().float().cpu().reshape(-1, 28, 28))
     for index, ax in enumerate(axes.flat):
         ax.axis("off")
         if index < count:
-            ax.imshow(shown[index], cmap="gray", vmin=0, vmax=1)
+            ax.imshow(shown[index].numpy(), cmap="gray", vmin=0, vmax=1)
             ax.set_title(f"pred {int(predicted[index])} ({float(confidence[index]):.0%})\ntrue {int(true[index])}",
                          fontsize=7)
     fig.tight_layout()
@@ -84,10 +88,39 @@ def _cells(size: int) -> list[tuple[int, int]]:
     return [(row, col) for row in range(size) for col in range(size)]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend: no display is needed or opened."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def scalars_figure(run: str, wanted: list[str]) -> Any:
+    """A grid of line plots, one per scalar tag the run's event files hold."""
+    from matplotlib.figure import Figure
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from project.errors import UserError
+
+    events = EventAccumulator(run, size_guidance={"scalars": 0})
+    events.Reload()
+    available = set(events.Tags()["scalars"])
+    tags = [t for t in wanted if t in available]
+    if not tags:
+        raise UserError(f"{run}: none of the tags {','.join(wanted)} are in its event files")
+    columns = min(3, len(tags))
+    rows = (len(tags) + columns - 1) // columns
+    fig = Figure(figsize=(4.2 * columns, 2.8 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, tag in zip(axes.flat, tags, strict=False):
+        points = events.Scalars(tag)
+        ax.plot([p.step for p in points], [p.value for p in points], marker="o" if len(points) < 20 else None)
+        ax.set(title=tag, xlabel="step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tags):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig

@@ -9,13 +9,9 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from project import MNIST_MEAN, MNIST_STD
-from project.errors import UserError
+from project.errors import ImageError
 
 INK_THRESHOLD = 0.2  # after contrast stretching, pixels above this count as the digit
-
-
-class ImageError(UserError):
-    """A file that is not a usable image of a digit."""
 
 
 def _grayscale(image: Image.Image) -> torch.Tensor:

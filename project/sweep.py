@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import time
 import warnings
@@ -14,45 +13,35 @@ import lightning as L
 import optuna
 import yaml
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from project import training
-from project.callbacks import NonFiniteLossError
-from project.cli import build_parser, flag_names, to_config, values_argv
+from project.build import build_datamodule
+from project.config import RunConfig, load_yaml, resolve_config
+from project.console import quiet_lightning_info
 from project.datamodule import MNISTDataModule
-from project.devices import resolve_precision
-from project.errors import UsageError
+from project.errors import NonFiniteLossError, UsageError
+from project.figures import pyplot
+from project.run import train
 
 TYPES = ("float", "int", "categorical")
 
 
 def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``(fixed, params)`` from a sweep YAML, checked key by key with errors that name the key."""
-    try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError as err:
-        raise UsageError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{path}: expected a mapping with 'params' (and optionally 'fixed')")
+    document = load_yaml(str(path), str(path), "a mapping with 'params' (and optionally 'fixed')")
     for key in document:
         if key not in ("fixed", "params"):
             raise UsageError(f"{path}: unknown top-level key {key!r} (expected 'params' and 'fixed')")
     fixed, params = document.get("fixed") or {}, document.get("params") or {}
     if not isinstance(fixed, dict) or not isinstance(params, dict) or not params:
         raise UsageError(f"{path}: 'params' must map flag names to search specs (and 'fixed' to values)")
-    known = flag_names(build_parser())
+    known = set(RunConfig.settings()) | {"trainer"}
     for section, keys in (("fixed", fixed), ("params", params)):
         for key in keys:
             if str(key).replace("-", "_") not in known:
                 raise UsageError(f"{path}: {section}.{key}: not a train.py flag")
     for key, spec in params.items():
         _check_spec(path, key, spec)
-    try:  # a fixed value argparse would refuse is reported now, not at the first trial
-        build_parser().parse_args(values_argv(fixed, build_parser()))
-    except SystemExit:
-        raise UsageError(f"{path}: a value under 'fixed' is not valid for its flag (see the message above)") from None
+    resolve_config([(fixed, f"{path}: fixed")])  # a bad fixed value is reported now, not at the first trial
     return fixed, params
 
 
@@ -96,6 +85,7 @@ class PruneOnValAcc(Callback):
     def __init__(self, trial: optuna.Trial) -> None:
         self.trial = trial
         self.pruned = False
+        self.epochs = 0
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
@@ -103,6 +93,7 @@ class PruneOnValAcc(Callback):
         self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.current_epoch)
         if self.trial.should_prune():
             self.pruned = True
+            self.epochs = trainer.current_epoch + 1
             trainer.should_stop = True
 
 
@@ -115,56 +106,62 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
         raise UsageError(f"--storage {url}: cannot open it ({str(err).splitlines()[0][:150]})") from None
 
 
+def prepare(args: argparse.Namespace) -> tuple[optuna.Study, Objective]:
+    """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run."""
+    fixed, params = load_space(args.space)
+    quiet()
+    study = open_study(args.study_name, args.storage, args.pruner, args.sampler_seed)
+    folder = Path(args.logdir) / "sweeps" / args.study_name
+    base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
+            "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
+    return study, Objective(fixed, params, base, folder)
+
+
+def open_study(name: str, storage: str, pruner: str, sampler_seed: int | None) -> optuna.Study:
+    """The named study in ``storage``, created on first use and resumed after."""
+    pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+               "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
+    return optuna.create_study(study_name=name, storage=storage_for(storage), direction="maximize",
+                               load_if_exists=True, pruner=pruners[pruner](),
+                               sampler=optuna.samplers.TPESampler(seed=sampler_seed))
+
+
 class Objective:
-    """One trial = one real training run in this process, on data loaded once for all trials."""
+    """One trial = one ``train()`` run in this process, on data loaded once for all trials."""
 
     def __init__(self, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any], folder: Path) -> None:
         self.fixed, self.params, self.base, self.folder = fixed, params, base, folder
         self.datamodule: MNISTDataModule | None = None
 
-    def trial_args(self, values: dict[str, Any]) -> argparse.Namespace:
-        parser = build_parser()
-        return parser.parse_args(values_argv({**self.fixed, **self.base, **values}, parser))
+    def trial_config(self, values: dict[str, Any]) -> RunConfig:
+        """The sweep's fixed settings, then this command's (data, logdir, ...), then the trial's sampled ones."""
+        return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")])
 
     def __call__(self, trial: optuna.Trial) -> float:
-        args = self.trial_args(suggest(trial, self.params))
+        config = self.trial_config(suggest(trial, self.params))
         started = time.perf_counter()
-        L.seed_everything(args.seed, workers=True, verbose=False)
         if self.datamodule is None:
-            self.datamodule = training.build_datamodule(args)
-            self.datamodule.prepare_data()
-        self.datamodule.batch_size = args.batch_size
-        model = training.build_model(args)
+            self.datamodule = build_datamodule(config)
         pruning = PruneOnValAcc(trial)
-        logger = TensorBoardLogger(self.folder, name="trials", version=f"trial_{trial.number:03d}",
-                                   default_hp_metric=False)
-        trainer = training.build_trainer(args, resolve_precision(args.precision, args.accelerator),
-                                         logger=logger, enable_progress_bar=False)
-        trainer.callbacks.append(pruning)
-        training.tune(trainer, model, self.datamodule, args)
         try:
-            trainer.fit(model, datamodule=self.datamodule)
+            result = train(config, datamodule=self.datamodule, callbacks=[pruning],
+                           version=f"trial_{trial.number:03d}", test=False)
         except NonFiniteLossError as err:
             trial.set_user_attr("diverged", str(err))
             print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)
             raise optuna.TrialPruned() from None
-        _, _, best = training.checkpoint_paths(trainer)
-        training.log_hparams_with_results(trainer, {**model.hparams, "batch_size": args.batch_size,
-                                                    "max_epochs": args.max_epochs}, {"hp/val_acc_best": best})
         seconds = time.perf_counter() - started
-        state = f"pruned after {trainer.current_epoch} epoch(s)" if pruning.pruned else f"val/acc {best:.4f}"
+        state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {result.best_val:.4f}"
         print(f"trial {trial.number}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
         if pruning.pruned:
             raise optuna.TrialPruned()
-        return best
+        return result.best_val
 
 
 def quiet() -> None:
     """One line per trial instead of Lightning's and Optuna's banners for each."""
-    training.quiet_known_warnings()
+    quiet_lightning_info()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
@@ -182,9 +179,8 @@ def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 
     lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
     lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
               for t in best]
-    parser = build_parser()
-    best_args = parser.parse_args(values_argv({**fixed, **best[0].params}, parser))
-    config = {k: v for k, v in to_config(best_args).items() if k not in ("data_dir", "logdir", "name")}
+    best_config = resolve_config([(fixed, "fixed"), (best[0].params, "params")])
+    config = {k: v for k, v in best_config.to_mapping().items() if k not in ("data_dir", "logdir", "name")}
     (folder / "best.yaml").write_text(
         f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"
         + yaml.safe_dump(config, sort_keys=False))
@@ -199,10 +195,7 @@ def _fmt(value: Any) -> str:
 
 
 def _plots(study: optuna.Study, folder: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from optuna.visualization import matplotlib as optuna_plots
 
     written = []

@@ -10,16 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from project.cli import parse_check_gpu_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="check_gpu.py", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print the same facts as JSON")
-    parser.add_argument("--bench", action="store_true", help="time a matmul on each device (TFLOP/s)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    args = parser.parse_args()
-
+def main(args: argparse.Namespace) -> int:
     from project import gpu_info
 
     info = gpu_info.collect()
@@ -30,4 +25,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main, "check_gpu.py")
+    arguments = parse_check_gpu_args(__doc__)
+    run_cli(lambda: main(arguments), "check_gpu.py", debug=arguments.debug)

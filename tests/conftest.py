@@ -1,45 +1,35 @@
-"""Shared fixtures: tiny MNIST files written as real IDX, and the real data when present."""
+"""Fixtures: tiny MNIST files, the real data when present, and runs trained once and shared."""
 
 from __future__ import annotations
 
+import json
 import os
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-RAW_NAMES = {
-    (True, "images"): "train-images-idx3-ubyte",
-    (True, "labels"): "train-labels-idx1-ubyte",
-    (False, "images"): "t10k-images-idx3-ubyte",
-    (False, "labels"): "t10k-labels-idx1-ubyte",
-}
+from helpers import RAW_NAMES, make_tiny_mnist, run_script, tiny_run
+
+# The short run the after-training tests share. Two hidden units cannot separate ten
+# classes: mistakes for the worst-mistakes figure to show.
+SHORT = ("--max-epochs", "2", "--hidden", "2", "--lr", "0.05", "--scheduler", "none")
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write ``uint8`` data in the IDX format MNIST uses (magic 0x0803 images, 0x0801 labels)."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.tobytes())
+def pytest_configure(config: pytest.Config) -> None:
+    from project.console import QUIET_WARNINGS  # the run's own filters, not a copy of them
+
+    for message in QUIET_WARNINGS:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
-def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int = 0) -> Path:
-    """Learnable fake digits: class k lights up a band of rows, plus noise."""
-    rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for train, n in ((True, n_train), (False, n_test)):
-        labels = rng.integers(0, 10, size=n).astype(np.uint8)
-        images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
-        for i, k in enumerate(labels):
-            images[i, 2 + 2 * k : 4 + 2 * k, 4:24] = 255
-        write_idx(raw / RAW_NAMES[(train, "images")], images)
-        write_idx(raw / RAW_NAMES[(train, "labels")], labels)
-    return root
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker,
+    so each session-wide run is trained once."""
+    for item in items:
+        for fixture in ("default_run", "trained"):
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(fixture))
+                break
 
 
 @pytest.fixture
@@ -47,7 +37,13 @@ def tiny_mnist(tmp_path: Path) -> Path:
     return make_tiny_mnist(tmp_path / "data")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
+def shared_tiny_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny MNIST that tests only read (never damage)."""
+    return make_tiny_mnist(tmp_path_factory.mktemp("shared") / "data")
+
+
+@pytest.fixture(scope="session")
 def real_data_dir() -> Path:
     data_dir = os.environ.get("DATA_DIR")
     if not data_dir or not all((Path(data_dir) / "MNIST" / "raw" / n).is_file() for n in RAW_NAMES.values()):
@@ -55,11 +51,22 @@ def real_data_dir() -> Path:
     return Path(data_dir).resolve()
 
 
-def run_script(script: str, *args: str, timeout: float = 300, env: dict | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` in a fresh interpreter, as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT,
-    )
+@pytest.fixture(scope="session")
+def trained(shared_tiny_mnist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One ``train.py`` process on tiny data (2 epochs, with a portable export), shared by the tests that read runs."""
+    root = tmp_path_factory.mktemp("trained")
+    done = tiny_run(shared_tiny_mnist, root / "logs", *SHORT, "--export-pt2", str(root / "model.pt2"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = root / "logs" / "mnist" / "version_0"
+    return {"data": shared_tiny_mnist, "logs": root / "logs", "run": run, "output": done.stdout,
+            "stderr": done.stderr, "results": json.loads((run / "results.json").read_text()),
+            "pt2": root / "model.pt2"}
+
+
+@pytest.fixture(scope="session")
+def default_run(real_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The default recipe, exactly as ``python scripts/train.py`` runs it, on real MNIST."""
+    logdir = tmp_path_factory.mktemp("default") / "logs"
+    done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(logdir), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"logs": logdir, "output": done.stdout, "stderr": done.stderr}

@@ -1,7 +1,6 @@
 """After training: TensorBoard contents and server, evaluate.py, predict.py, the portable export."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -10,36 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from digit_images import write_transformed_digits
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_script import tiny_run
 
-from conftest import run_script
+from helpers import event_accumulator, free_port, run_script, summary_value, write_transformed_digits
 from project.model import build_sequential, hidden_sizes_of
 
-# Two hidden units cannot separate ten classes: mistakes for the worst-mistakes figure to show.
-SHORT = ("--max-epochs", "2", "--hidden", "2", "--lr", "0.05", "--scheduler", "none")
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "lr-SGD",
            "perf/epoch_time_s", "perf/samples_per_s", "perf/peak_memory_mb"}
 IMAGES = {"train/first_batch", "val/confusion_matrix", "test/confusion_matrix", "test/worst_misclassified"}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from conftest import make_tiny_mnist
-
-    root = tmp_path_factory.mktemp("trained")
-    data = make_tiny_mnist(root / "data")
-    done = tiny_run(data, root / "logs", *SHORT, "--export-pt2", str(root / "model.pt2"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    run = root / "logs" / "mnist" / "version_0"
-    return {"data": data, "logs": root / "logs", "run": run, "output": done.stdout + done.stderr,
-            "results": json.loads((run / "results.json").read_text()), "pt2": root / "model.pt2"}
-
-
 def test_event_files_hold_every_scalar_image_text_and_real_hparams(trained):
-    events = EventAccumulator(str(trained["run"]), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
-    events.Reload()
+    events = event_accumulator(trained["run"])
     tags = events.Tags()
     assert SCALARS <= set(tags["scalars"]), tags["scalars"]
     assert IMAGES <= set(tags["images"]), tags["images"]
@@ -52,15 +32,9 @@ def test_event_files_hold_every_scalar_image_text_and_real_hparams(trained):
     assert 0 < events.Scalars("hp/val_acc_best")[-1].value <= 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_tensorboard_serves_the_run(trained):
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(trained["run"]), "--host", "127.0.0.1",
          "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -90,13 +64,34 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
     assert len(result["per_class_acc"]) == 10
     assert (tmp_path / "cm.png").stat().st_size > 5000
 
-    text = run_script("evaluate.py", *common, "--weights", trained["results"]["weights"])
-    assert text.returncode == 0, text.stderr
-    assert f"test/acc  {trained['results']['test/acc']:.4f}" in text.stdout
-    assert "confusion matrix (rows: true digit, columns: predicted)" in text.stdout
+    from project.evaluation import evaluate_test_set, load_classifier, render
 
-    missing = run_script("evaluate.py", *common, "--weights", str(tmp_path / "nope.pth"))
-    assert missing.returncode == 1 and "nope.pth: no such file" in missing.stderr
+    text = render(evaluate_test_set(load_classifier(weights=trained["results"]["weights"]), str(trained["data"])))
+    assert f"test/acc  {trained['results']['test/acc']:.4f}" in text
+    assert "confusion matrix (rows: true digit, columns: predicted)" in text
+
+
+def test_evaluate_names_what_is_missing(trained, tmp_path):
+    from project.checkpointing import find_checkpoint
+    from project.errors import CheckpointError, UsageError
+    from project.evaluation import load_classifier
+
+    with pytest.raises(CheckpointError, match="nope.pth: no such file"):
+        load_classifier(weights=str(tmp_path / "nope.pth"))
+    with pytest.raises(UsageError, match="--ckpt best: no run with checkpoints under"):
+        find_checkpoint("best", tmp_path, "mnist", "--ckpt")
+    assert find_checkpoint("last", trained["logs"], "mnist", "--ckpt") == trained["run"] / "checkpoints" / "last.ckpt"
+
+
+def test_plot_scalars_draws_the_run(trained, tmp_path):
+    done = run_script("plot_scalars.py", str(trained["run"]), "--out", str(tmp_path / "s.png"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from project.errors import UserError
+    from project.figures import scalars_figure
+
+    with pytest.raises(UserError, match="none of the tags no/such"):
+        scalars_figure(str(trained["run"]), ["no/such"])
 
 
 def test_portable_program_runs_with_torch_alone(trained):
@@ -105,32 +100,32 @@ def test_portable_program_runs_with_torch_alone(trained):
     article.load_state_dict(weights)
     pixels = torch.rand(5, 1, 28, 28)
     expected = article(pixels.reshape(5, -1)).detach()
-    torch.save(pixels, trained["run"] / "pixels.pt")
+    folder = trained["pt2"].parent
+    torch.save(pixels, folder / "pixels.pt")
     # -S: no site processing, so no .pth files (an editable install of this project is one);
     # then only the folder torch lives in goes on the path.
     code = (
         f"import sys\nsys.path.append({str(Path(torch.__file__).parents[1])!r})\nimport torch\n"
         "try:\n    import project\n    sys.exit('project code is importable here')\nexcept ImportError:\n    pass\n"
         f"program = torch.export.load({str(trained['pt2'])!r}).module()\n"
-        f"out = program(torch.load({str(trained['run'] / 'pixels.pt')!r}))\n"
-        f"torch.save(out, {str(trained['run'] / 'out.pt')!r})\n"
+        f"out = program(torch.load({str(folder / 'pixels.pt')!r}))\n"
+        f"torch.save(out, {str(folder / 'out.pt')!r})\n"
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120,
                           cwd="/")
     assert done.returncode == 0, done.stderr
-    torch.testing.assert_close(torch.load(trained["run"] / "out.pt"), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.load(folder / "out.pt"), expected, atol=1e-5, rtol=1e-5)
+    assert f"portable program {trained['pt2']}" in trained["output"]
 
 
 @pytest.mark.slow
-def test_predict_classifies_real_digit_images_and_reports_bad_files(real_data_dir, tmp_path):
-    done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(tmp_path / "logs"),
-                      "--max-epochs", "3")
-    assert done.returncode == 0, done.stderr
+def test_predict_classifies_real_digit_images_and_reports_bad_files(default_run, real_data_dir, tmp_path):
     images = tmp_path / "images"
     labels = write_transformed_digits(real_data_dir, images, count=200)
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
     (images / "notes.txt").write_text("not a picture")
-    predicted = run_script("predict.py", str(images), "--logdir", str(tmp_path / "logs"), "--topk", "2")
+    predicted = run_script("predict.py", str(images), "--weights", summary_value(default_run["output"], "weights"),
+                           "--topk", "2")
     assert predicted.returncode == 1
     errors = predicted.stderr.strip().splitlines()
     assert len(errors) == 2 and all(e.startswith("predict.py: ") for e in errors), predicted.stderr

@@ -1,8 +1,10 @@
+"""The benchmark script end to end on tiny data: every implementation runs and the report is written."""
+
 import json
 
 import pytest
 
-from conftest import make_tiny_mnist, run_script
+from helpers import make_tiny_mnist, run_script
 
 
 @pytest.mark.slow

@@ -1,9 +1,14 @@
+"""The datamodule: splits, normalisation, batches by one gather, seeded order, clear data errors."""
+
 import pytest
 import torch
 from torchvision import datasets, transforms
 
 from project import MNIST_MEAN, MNIST_STD
-from project.datamodule import RAW_FILES, EpochShuffleSampler, MNISTDataError, MNISTDataModule, TensorMNIST
+from project.datamodule import MNISTDataModule, TensorMNIST
+from project.errors import MNISTDataError
+from project.idx_files import RAW_FILES
+from project.samplers import EpochShuffleSampler
 
 
 def make_dm(data_dir, **kwargs):
@@ -62,6 +67,9 @@ def test_epoch_order_differs_per_epoch_and_is_reproducible_from_the_seed():
     data = range(100)
     sampler = EpochShuffleSampler(data, seed=3)
     epoch0 = list(sampler)
+    sampler.resume(0, 40)
+    assert list(sampler) == epoch0[40:]  # a resumed epoch continues where it stopped, once
+    assert list(sampler) == epoch0
     assert sorted(epoch0) == list(range(100))
     sampler.set_epoch(1)
     epoch1 = list(sampler)

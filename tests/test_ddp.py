@@ -3,26 +3,21 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import lightning as L
 import pytest
-from test_train_script import TINY
 
-from conftest import ROOT, run_script
+from helpers import TINY, TRAIN, free_port, make_tiny_mnist, run_script
+from project.config import RunConfig
 from project.datamodule import MNISTDataModule
+from project.devices import resolve_hardware
+from project.errors import UsageError
 from project.lit_module import LitMNIST
-
-TRAIN = str(ROOT / "scripts" / "train.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from project.samplers import EvalShardSampler
+from project.tuning import check_tuning
 
 
 def single_process_test_accuracy(checkpoint, data_dir) -> float:
@@ -35,8 +30,6 @@ def single_process_test_accuracy(checkpoint, data_dir) -> float:
 
 @pytest.mark.slow
 def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(tmp_path):
-    from conftest import make_tiny_mnist
-
     data = make_tiny_mnist(tmp_path / "data", n_train=240, n_test=83)  # 83: not divisible by 2
     logdir = tmp_path / "logs"
     done = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *TINY,
@@ -52,7 +45,7 @@ def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(tmp_
     assert len(list((run / "checkpoints").iterdir())) == 2
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_batch"] == 64
-    assert "global batch 64 = 32 per device x 2 device(s)" in output
+    assert "global batch 64 = 32 per device x 2 device(s)" in done.stdout
     assert output.count("test/acc ") == 1
     single = single_process_test_accuracy(results["best_checkpoint"], data)
     assert results["test/acc"] == pytest.approx(single, abs=1e-6)
@@ -107,24 +100,29 @@ def test_a_killed_rank_ends_the_job_within_60_seconds(tiny_mnist, tmp_path):
 
 
 INVALID = [
-    (["--num-nodes", "2"], "start one copy per machine with torchrun"),
-    (["--strategy", "fsdp", "--accelerator", "cpu"], "it needs --accelerator gpu"),
-    (["--strategy", "ddp_sharded_maybe"], "is not a Lightning strategy"),
-    (["--devices", "2", "--find-lr"], "run on one device"),
+    ({"num_nodes": 2}, "start one copy per machine with torchrun"),
+    ({"strategy": "fsdp", "accelerator": "cpu"}, "it needs --accelerator gpu"),
+    ({"strategy": "ddp_sharded_maybe"}, "is not a Lightning strategy"),
 ]
 
 
-@pytest.mark.parametrize(("flags", "message"), INVALID)
-def test_invalid_distributed_requests_exit_2(tiny_mnist, tmp_path, flags, message):
-    done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / "logs"),
-                      "--accelerator", "cpu", *flags)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert message in done.stderr and "Traceback" not in done.stderr
+@pytest.mark.parametrize(("settings", "message"), INVALID)
+def test_invalid_distributed_requests_are_refused(settings, message):
+    with pytest.raises(UsageError, match=message):
+        resolve_hardware(RunConfig(**settings))
+
+
+def test_tuning_runs_on_one_device_only():
+    with pytest.raises(UsageError, match="run on one device"):
+        check_tuning(RunConfig(devices=2, find_lr=True), world_size=2)
+    with pytest.raises(UsageError, match="cannot be combined with --resume"):
+        check_tuning(RunConfig(find_batch_size=True, resume="last"), world_size=1)
+    with pytest.raises(UsageError, match="drop --fast-dev-run"):
+        check_tuning(RunConfig(find_lr=True, fast_dev_run=True), world_size=1)
+    check_tuning(RunConfig(scale_lr=True, devices=2), world_size=2)  # scaling alone is fine under DDP
 
 
 def test_eval_shards_cover_the_split_once():
-    from project.datamodule import EvalShardSampler
-
     shards = [list(EvalShardSampler(range(83), 3, r)) for r in range(3)]
     assert sorted(sum(shards, [])) == list(range(83))
     assert [len(s) for s in shards] == [len(EvalShardSampler(range(83), 3, r)) for r in range(3)] == [28, 28, 27]

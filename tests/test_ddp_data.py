@@ -1,3 +1,5 @@
+"""Under real 2-process DDP the ranks' training shards are disjoint, cover the split, and reshuffle each epoch."""
+
 import json
 import subprocess
 import sys

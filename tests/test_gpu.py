@@ -7,9 +7,8 @@ import sys
 import lightning as L
 import pytest
 import torch
-from test_train_script import summary_value, tiny_run
 
-from conftest import run_script
+from helpers import run_script, summary_value, tiny_run
 from project.datamodule import MNISTDataModule
 from project.lit_module import LitMNIST
 

@@ -4,10 +4,13 @@ import json
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_script import summary_value, tiny_run
 
-from conftest import run_script
+from helpers import event_accumulator, one_line_error, run_script, tiny_config, tiny_run
+from project.config import RunConfig
+from project.devices import resolve_hardware
+from project.errors import NonFiniteLossError, UsageError
+from project.gpu_info import collect
+from project.run import train
 
 NO_CUDA = not torch.cuda.is_available()
 CPU_ONLY = pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
@@ -25,101 +28,98 @@ def test_check_gpu_on_a_cpu_machine_says_so_and_reports_the_cpu():
     assert float(cpu_row.split()[-1]) > 0
 
 
-def test_check_gpu_json_matches_torch():
-    done = run_script("check_gpu.py", "--json")
-    assert done.returncode == 0, done.stderr
-    info = json.loads(done.stdout)
+def test_check_gpu_facts_match_torch():
+    info = collect()
     assert info["cuda_available"] == torch.cuda.is_available()
     assert info["device_count"] == len(info["devices"]) == (torch.cuda.device_count() if not NO_CUDA else 0)
     assert info["torch"] == torch.__version__
     assert info["cpu_cores"] >= 1
+    assert json.loads(json.dumps(info)) == info  # what --json prints
 
 
-INVALID = [
-    (["--batch-size", "0"], "--batch-size: must be a positive integer"),
-    (["--max-epochs", "-1"], "--max-epochs: must be a positive integer"),
-    (["--lr", "0"], "--lr: must be a positive number"),
-    (["--hidden", "128,0"], "--hidden: must be a positive integer"),
-    (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
-    (["--precision", "17"], "argument --precision: invalid choice: '17'"),
-    (["--devices", "0"], "device count must be >= 1"),
-    (["--gpu-memory-fraction", "1.5"], "must be in (0, 1]"),
-    (["--fast-dev-run", "--resume", "last"], "--fast-dev-run cannot be combined with --resume"),
-    (["--strategy", "dp"], "Lightning 2 removed DataParallel"),
-    (["--strategy", "warp"], "'warp' is not a Lightning strategy"),
-    pytest.param(["--accelerator", "gpu"], "no CUDA GPU is visible", marks=CPU_ONLY),
-    pytest.param(["--devices", "0,1"], "device indices select GPUs", marks=CPU_ONLY),
-    pytest.param(["--gpu-memory-fraction", "0.5"], "this run uses cpu",
-                 marks=CPU_ONLY),
-    pytest.param(["--devices", "64"], "only", marks=CUDA_ONLY),
-    pytest.param(["--devices", "63,"], "GPU index 63 does not exist", marks=CUDA_ONLY),
+IMPOSSIBLE = [
+    ({"strategy": "dp"}, "Lightning 2 removed DataParallel"),
+    ({"strategy": "warp"}, "'warp' is not a Lightning strategy"),
+    pytest.param({"accelerator": "gpu"}, "no CUDA GPU is visible", marks=CPU_ONLY),
+    pytest.param({"devices": [0, 1]}, "device indices select GPUs", marks=CPU_ONLY),
+    pytest.param({"gpu_memory_fraction": 0.5}, "this run uses cpu", marks=CPU_ONLY),
+    pytest.param({"devices": 64}, "only", marks=CUDA_ONLY),
+    pytest.param({"devices": [63]}, "GPU index 63 does not exist", marks=CUDA_ONLY),
 ]
 
 
-@pytest.mark.parametrize(("flags", "message"), INVALID)
-def test_impossible_requests_get_one_line_and_exit_2(tmp_path, flags, message):
-    done = run_script("train.py", "--data-dir", str(tmp_path), "--logdir", str(tmp_path / "logs"), *flags)
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("train.py: error:")
+@pytest.mark.parametrize(("settings", "message"), IMPOSSIBLE)
+def test_impossible_hardware_requests_are_refused(settings, message):
+    with pytest.raises(UsageError, match=message):
+        resolve_hardware(RunConfig(**settings))
 
 
-def test_16_mixed_on_cpu_is_explained_and_scale_lr_uses_the_global_batch(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--fast-dev-run", "--accelerator", "cpu",
-                    "--precision", "16-mixed", "--batch-size", "512", "--scale-lr")
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert "fp16 mixed precision is not available on CPU; using bf16-mixed" in output
-    assert "--scale-lr: lr 0.2 x 512/256 = 0.4" in output
-    assert "precision bf16-mixed; lr 0.4" in output
+def test_16_mixed_on_cpu_is_explained_and_scale_lr_uses_the_global_batch(shared_tiny_mnist, tmp_path, caplog):
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", fast_dev_run=True, accelerator="cpu",
+                               precision="16-mixed", batch_size=512, scale_lr=True))
+    assert "fp16 mixed precision is not available on CPU; using bf16-mixed" in caplog.text
+    assert "--scale-lr: lr 0.2 x 512/256 = 0.4" in caplog.text
+    assert "precision bf16-mixed; lr 0.4" in result.summary()
 
 
 @pytest.mark.slow
-def test_tuner_flags_find_and_use_a_batch_size_and_an_lr(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--batch-size", "8", "--max-epochs", "1",
-                    "--find-batch-size", "--find-lr")
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    found = int(output.split("batch-size finder: using --batch-size ")[1].split()[0])
+def test_tuner_flags_find_and_use_a_batch_size_and_an_lr(shared_tiny_mnist, tmp_path, caplog):
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", batch_size=8, max_epochs=1,
+                               find_batch_size=True, find_lr=True))
+    found = result.config.batch_size
     assert found > 8
-    assert f"global batch {found} = {found} per device" in output
-    lr = float(output.split("LR finder: using lr ")[1].split()[0])
-    assert lr > 0 and f"; lr {lr:g}" in output  # the summary shows the LR the run trained with
-    assert (tmp_path / "logs" / "mnist" / "version_0" / "lr_find.png").stat().st_size > 1000
+    assert f"global batch {found} = {found} per device" in result.summary()
+    assert f"batch-size finder: using --batch-size {found}" in caplog.text
+    lr = result.config.lr
+    assert f"LR finder: using lr {lr:g}" in caplog.text
+    assert lr > 0 and f"; lr {lr:g}" in result.summary()  # the summary shows the LR the run trained with
+    assert (result.run_dir / "lr_find.png").stat().st_size > 1000
     assert not list((tmp_path / "logs").glob(".scale_batch_size_*"))  # the tuner cleaned up
+    saved = result.config_file.read_text()
+    assert f"batch_size: {found}" in saved and "find_lr: false" in saved  # --config repeats it without tuning
 
 
 @pytest.mark.slow
-def test_compile_on_cpu_trains_and_logs(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--max-epochs", "1", "--compile", timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert float(summary_value(output, "test/acc")) > 0.5  # tiny data is learnable
-    events = EventAccumulator(str(tmp_path / "logs" / "mnist" / "version_0"))
-    events.Reload()
-    assert {"train/loss", "val/acc", "test/acc"} <= set(events.Tags()["scalars"])
-    state = torch.load(tmp_path / "logs" / "mnist" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+def test_compile_on_cpu_trains_and_logs(shared_tiny_mnist, tmp_path):
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=1, compile="default"))
+    assert result.test_metrics["test/acc"] > 0.5  # tiny data is learnable
+    tags = set(event_accumulator(result.run_dir).Tags()["scalars"])
+    assert {"train/loss", "val/acc", "test/acc"} <= tags
+    state = torch.load(result.last_checkpoint, weights_only=True)
     assert "model.layers.0.weight" in state["state_dict"]  # same keys as an uncompiled model
 
 
-def test_device_stats_and_peak_memory_are_logged(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--max-epochs", "1", "--device-stats")
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert float(summary_value(output, "peak memory")) > 50  # MiB of this Python process at least
-    events = EventAccumulator(str(tmp_path / "logs" / "mnist" / "version_0"))
-    events.Reload()
+def test_device_stats_and_peak_memory_are_logged(shared_tiny_mnist, tmp_path):
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=1, device_stats=True))
+    assert result.peak_memory_mb > 50  # MiB of this Python process at least
+    assert f"peak memory {result.peak_memory_mb:.0f} MiB" in result.summary()
+    events = event_accumulator(result.run_dir)
     tags = set(events.Tags()["scalars"])
     assert any("DeviceStatsMonitor" in t and "cpu_percent" in t for t in tags), tags
     assert events.Scalars("perf/peak_memory_mb")[-1].value > 50
 
 
-def test_diverging_training_stops_at_the_first_non_finite_loss(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--max-epochs", "3", "--lr", "1e6", "--scheduler", "none")
-    assert done.returncode == 1
-    assert "training loss became non-finite at epoch 0, step" in done.stderr
-    assert "Traceback" not in done.stderr
+@pytest.mark.parametrize("deferred", [False, True], ids=["cpu-check", "accelerator-check"])
+def test_diverging_training_stops_before_any_checkpoint_holds_broken_weights(shared_tiny_mnist, tmp_path, deferred,
+                                                                              monkeypatch):
+    from project import build
+    from project.callbacks import FiniteLossGuard
+
+    # The accelerator's path (flag kept on the device, read at log steps and before saves) forced on CPU.
+    monkeypatch.setattr(build, "FiniteLossGuard", lambda: FiniteLossGuard(deferred=deferred))
+    config = tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=3, lr=1e6, scheduler="none",
+                         log_every_n_steps=50, checkpoint_every_n_steps=1)
+    with pytest.raises(NonFiniteLossError, match="non-finite") as err:
+        train(config)
+    assert "stopped before saving" in str(err.value) and "the last good checkpoint is kept" in str(err.value)
+    if not deferred:
+        assert "training loss became non-finite at epoch 0, step" in str(err.value)
     for checkpoint in (tmp_path / "logs").rglob("*.ckpt"):
         weights = torch.load(checkpoint, weights_only=True)["state_dict"]
         assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
+
+
+def test_divergence_from_the_command_line_is_one_line_exit_1(shared_tiny_mnist, tmp_path):
+    done = tiny_run(shared_tiny_mnist, tmp_path / "logs", "--max-epochs", "3", "--lr", "1e6", "--scheduler", "none")
+    assert done.returncode == 1
+    assert "training loss became non-finite at epoch 0, step" in one_line_error(done.stderr)

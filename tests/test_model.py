@@ -1,3 +1,5 @@
+"""The plain MLP and its export into the article's own nn.Sequential."""
+
 import pytest
 import torch
 from torch import nn

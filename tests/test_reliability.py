@@ -9,15 +9,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from test_train_script import TINY, tiny_run
 
-from conftest import RAW_NAMES, ROOT, make_tiny_mnist, run_script, write_idx
-from project.checkpointing import AtomicCheckpointIO, CheckpointError, atomic_save, read_checkpoint, read_weights
-from project.datamodule import MNISTDataError, MNISTDataModule
+from helpers import RAW_NAMES, TINY, TRAIN, make_tiny_mnist, one_line_error, run_script, tiny_config, write_idx
+from project.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
+from project.datamodule import MNISTDataModule
+from project.errors import CheckpointError, MNISTDataError, UsageError, run_cli
+from project.run import checkpoint_to_resume, train
+from project.run_files import check_outputs_writable
 
-TRAIN = str(ROOT / "scripts" / "train.py")
 TRAIN_IMAGES = RAW_NAMES[(True, "images")]
 TRAIN_LABELS = RAW_NAMES[(True, "labels")]
 
@@ -43,14 +45,10 @@ def _wrong_magic(data):
 
 
 def _count_mismatch(data):
-    import numpy as np
-
     write_idx(raw(data, TRAIN_LABELS), np.zeros(239, dtype=np.uint8))
 
 
 def _wrong_size(data):
-    import numpy as np
-
     write_idx(raw(data, TRAIN_IMAGES), np.zeros((240, 32, 32), dtype=np.uint8))
 
 
@@ -65,8 +63,6 @@ def _missing(data):
 
 
 def _bad_label(data):
-    import numpy as np
-
     write_idx(raw(data, TRAIN_LABELS), np.full(240, 12, dtype=np.uint8))
 
 
@@ -83,16 +79,36 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
-def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, case):
+def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("DATA_DIR", "")
     data = make_tiny_mnist(tmp_path / "data")
     damage, message = BAD_FILES[case]
     damage(data)
-    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY,
-                      env={"DATA_DIR": ""})
+    with pytest.raises(MNISTDataError) as err:
+        train(tiny_config(data, tmp_path / "logs"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(data) in str(err.value)
+
+
+def test_a_bad_mnist_file_exits_1_with_one_line(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data")
+    _empty(data)
+    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY)
     assert done.returncode == 1
-    lines = done.stderr.strip().splitlines()
-    assert lines[-1].startswith("train.py: error: ") and message in lines[-1], done.stderr
-    assert "Traceback" not in done.stderr
+    assert one_line_error(done.stderr).endswith(f"{TRAIN_IMAGES}: empty file")
+
+
+def test_debug_shows_the_traceback_of_a_user_error(capsys):
+    def failing() -> int:
+        raise MNISTDataError("somewhere: empty file")
+
+    for debug in (False, True):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(failing, "train.py", debug=debug)
+        assert exit_info.value.code == 1
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == "train.py: error: somewhere: empty file"
+        assert ("Traceback" in err) is debug
 
 
 def test_unreadable_mnist_file_is_named(tmp_path, monkeypatch):
@@ -109,14 +125,6 @@ def test_unreadable_mnist_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "open", refusing_open)
     with pytest.raises(MNISTDataError, match=rf"{TRAIN_LABELS}: cannot read it \(permission denied\)"):
         MNISTDataModule(data, val_size=40, download=False).prepare_data()
-
-
-def test_debug_flag_shows_the_traceback(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data")
-    _empty(data)
-    done = run_script("train.py", "--data-dir", str(data), "--debug")
-    assert done.returncode == 1
-    assert "Traceback" in done.stderr and "empty file" in done.stderr
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -168,11 +176,8 @@ def _write_bad_checkpoints(folder: Path, good: Path) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.slow
-def test_bad_checkpoints_and_weights_get_one_line(tiny_mnist, tmp_path):
-    logdir = tmp_path / "logs"
-    assert tiny_run(tiny_mnist, logdir, "--max-epochs", "1").returncode == 0
-    good = logdir / "mnist" / "version_0" / "checkpoints" / "last.ckpt"
+def test_bad_checkpoints_and_weights_get_one_line(trained, tmp_path):
+    good = trained["run"] / "checkpoints" / "last.ckpt"
     bad = _write_bad_checkpoints(tmp_path / "bad", good)
     expected = {"random bytes": "corrupt or not a PyTorch file", "empty": "empty file",
                 "truncated": "corrupt or not a PyTorch file", "foreign": "not a Lightning checkpoint of this project",
@@ -182,14 +187,14 @@ def test_bad_checkpoints_and_weights_get_one_line(tiny_mnist, tmp_path):
             read_checkpoint(path)
         with pytest.raises(CheckpointError):
             read_weights(path)
+        with pytest.raises(CheckpointError, match=expected[name]):  # --resume reads it before training
+            checkpoint_to_resume(tiny_config(trained["data"], tmp_path / "logs", hidden=[2], resume=str(path)))
     with pytest.raises(CheckpointError, match="not an exported model.pth"):
         read_weights(good)  # a .ckpt is not a model.pth
-    assert read_weights(logdir / "mnist" / "version_0" / "model.pth")["0.weight"].shape == (128, 784)
-    done = tiny_run(tiny_mnist, logdir, "--resume", str(bad["truncated"]))
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
-        f"train.py: error: {bad['truncated']}: " + done.stderr.strip().split(f"{bad['truncated']}: ", 1)[1])
-    assert "corrupt or not a PyTorch file" in done.stderr
+    assert read_weights(trained["run"] / "model.pth")["0.weight"].shape == (2, 784)
+    with pytest.raises(CheckpointError, match=f"{bad['truncated']}: corrupt or not a PyTorch file"):
+        train(tiny_config(trained["data"], tmp_path / "logs", resume=str(bad["truncated"])))
+    assert not (tmp_path / "logs" / "mnist").exists()  # refused before a run folder was made
 
 
 # ---------------------------------------------------------------- atomic, never clobbered
@@ -214,25 +219,28 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["model.pth"]  # no temporary files left behind
 
 
-def test_export_needs_overwrite_and_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path):
+def test_export_needs_overwrite_and_unwritable_outputs_fail_before_training(shared_tiny_mnist, tmp_path):
     existing = tmp_path / "model.pth"
     existing.write_bytes(b"keep me")
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--export", str(existing))
-    assert done.returncode == 2 and "the file exists; add --overwrite" in done.stderr
+    with pytest.raises(UsageError, match="the file exists; add --overwrite"):
+        check_outputs_writable(tiny_config(shared_tiny_mnist, tmp_path / "logs", export=str(existing)))
     assert existing.read_bytes() == b"keep me"
+    with pytest.raises(UsageError, match="is a directory; give a file path"):
+        check_outputs_writable(tiny_config(shared_tiny_mnist, tmp_path / "logs", export=str(tmp_path)))
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    done = tiny_run(tiny_mnist, blocker / "logs")
-    assert done.returncode == 2 and f"--logdir {blocker / 'logs'}: cannot write there" in done.stderr
+    done = run_script("train.py", "--data-dir", str(shared_tiny_mnist), "--logdir", str(blocker / "logs"), *TINY)
+    assert done.returncode == 2
+    assert f"--logdir {blocker / 'logs'}: cannot write there" in one_line_error(done.stderr)
     assert "Epoch" not in done.stderr  # refused before training started
 
 
-@pytest.mark.slow
-def test_export_with_overwrite_replaces_the_file(tiny_mnist, tmp_path):
+def test_export_with_overwrite_replaces_the_file(shared_tiny_mnist, tmp_path):
     existing = tmp_path / "model.pth"
     existing.write_bytes(b"old")
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--max-epochs", "1", "--export", str(existing), "--overwrite")
-    assert done.returncode == 0, done.stderr
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=1, export=str(existing),
+                               overwrite=True))
+    assert result.weights == existing
     assert read_weights(existing)["0.weight"].shape == (128, 784)
 
 
@@ -260,8 +268,8 @@ def _assert_same_training_state(a: dict, b: dict) -> None:
 @pytest.mark.slow
 def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
     data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
-    reference = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "a"), *RESUMABLE)
-    assert reference.returncode == 0, reference.stderr
+    settings = {"max_epochs": 10, "checkpoint_every_n_steps": 5}
+    train(tiny_config(data, tmp_path / "a", **settings))  # the uninterrupted run, in this process
 
     logdir = tmp_path / "b"
     proc = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE],
@@ -275,9 +283,7 @@ def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
     interrupted = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
     assert interrupted["global_step"] < 190, "the run finished before it could be killed"
 
-    resumed = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE,
-                         "--resume", "last")
-    assert resumed.returncode == 0, resumed.stderr
+    train(tiny_config(data, logdir, **settings, resume="last"))
     _assert_same_training_state(_final_state(tmp_path / "a"), _final_state(logdir))
 
 
@@ -298,8 +304,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path):
     assert "stopped by SIGTERM after saving last.ckpt; continue with --resume last" in stderr
     saved = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
     assert saved["global_step"] > 0
-    resumed = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE[2:],
-                         "--max-epochs", str(saved["epoch"] + 2), "--scheduler", "none", "--resume", "last")
-    assert resumed.returncode == 0, resumed.stderr
-    assert _final_state(logdir)["global_step"] > saved["global_step"]
+    resumed = train(tiny_config(data, logdir, checkpoint_every_n_steps=5, max_epochs=saved["epoch"] + 2,
+                                scheduler="none", resume="last"))
+    assert torch.load(resumed.last_checkpoint, weights_only=True)["global_step"] > saved["global_step"]
     shutil.rmtree(logdir)

@@ -1,0 +1,131 @@
+"""The three objects of a run, built from its ``RunConfig``: datamodule, LightningModule and Trainer."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import (
+    Callback,
+    DeviceStatsMonitor,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    TQDMProgressBar,
+)
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction, OneCycleResumeCheck
+from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
+from project.config import LOGGERS, RunConfig
+from project.datamodule import MNISTDataModule
+from project.errors import UsageError
+from project.lit_module import LitMNIST
+from project.tensorboard_figures import TensorBoardFigures
+
+
+def build_datamodule(config: RunConfig) -> MNISTDataModule:
+    return MNISTDataModule(
+        data_dir=config.data_dir, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+        num_workers=config.num_workers, pin_memory=config.pin_memory, val_size=config.val_size, seed=config.seed,
+        loader=config.loader,
+    )
+
+
+def build_model(config: RunConfig) -> LitMNIST:
+    model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
+                     weight_decay=config.weight_decay, scheduler=config.scheduler)
+    if config.compile:
+        model.model.compile(mode=None if config.compile == "default" else config.compile)
+    return model
+
+
+def build_loggers(config: RunConfig, version: str | None = None) -> list[Logger]:
+    """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
+    names = [n.strip() for n in config.logger.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown or not names:
+        raise UsageError(f"--logger {config.logger}: choose from {', '.join(LOGGERS)} (comma-separated)")
+    for name in ("wandb", "mlflow"):
+        if name in names and importlib.util.find_spec(name) is None:
+            raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
+    loggers: list[Logger] = []
+    for name in names:
+        if name == "tensorboard":
+            logger: Logger = TensorBoardLogger(config.logdir, name=config.name, version=version,
+                                               default_hp_metric=False)
+        elif name == "csv":
+            logger = CSVLogger(config.logdir, name=config.name, version=version)
+        elif name == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            logger = WandbLogger(project=config.name, save_dir=config.logdir)
+        else:
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            logger = MLFlowLogger(experiment_name=config.name, save_dir=str(Path(config.logdir) / "mlruns"))
+        if version is None and name in ("tensorboard", "csv"):
+            version = logger.version  # the next loggers join this run's folder
+        loggers.append(logger)
+    return loggers
+
+
+def build_callbacks(config: RunConfig) -> list[Callback]:
+    """The template's callbacks; each is cheap next to the MLP's step."""
+    callbacks: list[Callback] = [FiniteLossGuard(), OneCycleResumeCheck()]
+    if config.gpu_memory_fraction is not None:
+        callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
+    if config.trainer.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=25))
+    if config.fast_dev_run:
+        return callbacks
+    if config.trainer.get("enable_checkpointing", True):
+        callbacks += [
+            ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=1,
+                            filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False),
+            # Not save_last=True: Lightning writes that only when the best improves, and a
+            # resume needs the newest state whether or not it was the best.
+            LastCheckpoint(every_n_train_steps=config.checkpoint_every_n_steps),
+        ]
+    callbacks += [LearningRateMonitor(logging_interval="step"), EpochStats(), TensorBoardFigures()]
+    if config.device_stats:
+        callbacks.append(DeviceStatsMonitor(cpu_stats=True))
+    return callbacks
+
+
+def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version: str | None = None) -> L.Trainer:
+    """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks.
+
+    ``config.trainer`` (``--trainer.KEY VALUE``) is applied last, so any Trainer argument can be set.
+    """
+    settings: dict[str, Any] = dict(
+        accelerator=config.accelerator,
+        devices=config.devices,
+        num_nodes=config.num_nodes,
+        strategy=config.strategy,
+        precision=config.precision,
+        max_epochs=config.max_epochs,
+        deterministic=config.deterministic,
+        detect_anomaly=config.detect_anomaly,
+        fast_dev_run=config.fast_dev_run,
+        logger=False if config.fast_dev_run else build_loggers(config, version),
+        callbacks=[*build_callbacks(config), *callbacks],
+        log_every_n_steps=config.log_every_n_steps,
+        enable_model_summary=False,
+        default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
+        plugins=[AtomicCheckpointIO()],
+    )
+    return L.Trainer(**{**settings, **config.trainer})
+
+
+def global_batch(trainer: L.Trainer, batch_size: int) -> int:
+    """Samples per optimizer step across every device of every node."""
+    return batch_size * trainer.num_devices * trainer.num_nodes
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The run's folder: where checkpoints, model.pth, config.yaml and results.json go."""
+    local = next((lg for lg in trainer.loggers if isinstance(lg, (TensorBoardLogger, CSVLogger))), None)
+    return Path(local.log_dir) if local else Path(trainer.default_root_dir)

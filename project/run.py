@@ -1,0 +1,181 @@
+"""One training run: ``train(config)`` checks, builds, tunes, fits, tests, exports and records it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from project.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
+from project.callbacks import EpochStats
+from project.checkpointing import find_checkpoint, read_checkpoint
+from project.config import RunConfig
+from project.console import quiet_known_warnings
+from project.datamodule import MNISTDataModule
+from project.devices import peak_memory_mb, release_cuda_cache, resolve_hardware
+from project.errors import Terminated, UserError
+from project.export import save_program, save_weights
+from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
+from project.tensorboard_figures import TensorBoardFigures
+from project.tuning import tune
+
+
+@dataclass
+class RunResult:
+    """What a run produced; ``summary()`` is what ``train.py`` prints."""
+
+    config: RunConfig  # as trained: precision resolved, the tuner's batch size and LR filled in
+    is_global_zero: bool
+    world_size: int
+    devices: int  # per node
+    global_batch: int
+    test_metrics: dict[str, float]
+    best_val: float
+    peak_memory_mb: float
+    device: str
+    epoch_times: list[float] = field(default_factory=list)
+    best_checkpoint: str | None = None
+    last_checkpoint: str | None = None
+    run_dir: Path | None = None
+    weights: Path | None = None
+    program: Path | None = None
+    config_file: Path | None = None
+
+    def summary(self) -> str:
+        config = self.config
+        memory = f"max allocated on {self.device}" if self.device.startswith("cuda") else "peak resident set"
+        lines = [
+            f"test/acc {self.test_metrics.get('test/acc', math.nan):.4f}   "
+            f"test/loss {self.test_metrics.get('test/loss', math.nan):.4f}",
+            f"global batch {self.global_batch} = {config.batch_size} per device x "
+            f"{self.devices} device(s) x {config.num_nodes} node(s); "
+            f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
+            f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
+        ]
+        if self.program:
+            lines.append(f"portable program {self.program}  (torch.export.load(path).module(); ToTensor() pixels in)")
+        if self.run_dir:
+            lines += [
+                f"best checkpoint  {self.best_checkpoint}  (val/acc {self.best_val:.4f})",
+                f"last checkpoint  {self.last_checkpoint}",
+                f"weights          {self.weights}  (loads into the article's nn.Sequential)",
+                f"config           {self.config_file}  (--config reproduces this run)",
+                f"results          {self.run_dir / 'results.json'}",
+                f"TensorBoard      tensorboard --logdir {self.run_dir}",
+            ]
+        return "\n".join(lines)
+
+
+def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callbacks: Sequence[Callback] = (),
+          version: str | None = None, test: bool = True, figures_in_background: bool = False) -> RunResult:
+    """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
+
+    ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
+    the template's, ``version`` names the run folder, ``test=False`` stops after fitting.
+    ``figures_in_background`` returns while the test figures are still being drawn (a second
+    or two of matplotlib); the interpreter waits for them before it exits.
+    """
+    quiet_known_warnings()
+    config = resolve_hardware(config)
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    check_outputs_writable(config)
+    ckpt_path = checkpoint_to_resume(config)
+    if datamodule is None:
+        datamodule = build_datamodule(config)
+    datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
+    datamodule.prepare_data()  # a missing dataset is reported before any process starts
+    model = build_model(config)
+    trainer = build_trainer(config, callbacks, version)
+    config = tune(trainer, model, datamodule, config)
+    log_run_text(trainer, config)
+    config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
+    with reported_failures():
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        release_cuda_cache()
+        # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
+        best, last, best_val = checkpoint_paths(trainer)
+        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0] if test else {}
+        release_cuda_cache()
+    stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
+    device = trainer.strategy.root_device
+    result = RunResult(
+        config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
+        devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
+        test_metrics=dict(metrics), best_val=best_val,
+        peak_memory_mb=peak_memory_mb(device), device=str(device), epoch_times=stats.epoch_times if stats else [],
+        best_checkpoint=best, last_checkpoint=last, config_file=config_file,
+    )
+    if trainer.is_global_zero and not config.fast_dev_run:
+        write_outputs(trainer, model, result)
+    figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
+    if figures is not None and figures.drawing is not None and not figures_in_background:
+        figures.drawing.join()
+    return result
+
+
+def checkpoint_to_resume(config: RunConfig) -> str | None:
+    """The checkpoint ``--resume`` names, read now: a corrupt file or another model is one line, before training."""
+    if not config.resume:
+        return None
+    path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
+    saved = read_checkpoint(path)["hyper_parameters"].get("hidden")
+    if saved is not None and list(saved) != list(config.hidden):
+        raise UserError(f"the checkpoint has hidden sizes {saved}, this run asks for {config.hidden}; "
+                        f"resume with --hidden {','.join(map(str, saved))}")
+    return str(path)
+
+
+def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
+    """Best and last checkpoint paths, and the best ``val/acc`` (None and NaN when nothing was saved)."""
+    callbacks = trainer.checkpoint_callbacks
+    if len(callbacks) < 2 or not callbacks[0].best_model_path:
+        return None, None, math.nan
+    best, last = callbacks[0], callbacks[1]
+    score = best.best_model_score
+    return best.best_model_path, last.best_model_path, float(score) if score is not None else math.nan
+
+
+def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:
+    """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and ``results.json``; rank 0 only."""
+    config = result.config
+    result.run_dir = run_dir(trainer)
+    result.weights = save_weights(model.model, config.export or result.run_dir / "model.pth")
+    if config.export_pt2:
+        result.program = save_program(model.model, config.export_pt2)
+    hparams = {**model.hparams, "batch_size": config.batch_size, "global_batch": result.global_batch,
+               "max_epochs": config.max_epochs, "precision": config.precision, "seed": config.seed,
+               "loader": config.loader, "world_size": result.world_size}
+    test_acc = result.test_metrics.get("test/acc")
+    log_hparams_with_results(trainer, hparams, {"hp/val_acc_best": result.best_val,
+                                                **({"hp/test_acc": test_acc} if test_acc is not None else {})})
+    write_results(result.run_dir / "results.json", {
+        **result.test_metrics, "val/acc_best": result.best_val, "best_checkpoint": result.best_checkpoint,
+        "last_checkpoint": result.last_checkpoint, "weights": str(result.weights),
+        "global_batch": result.global_batch, "world_size": result.world_size, "precision": config.precision,
+        "lr": config.lr,
+    })
+
+
+@contextmanager
+def reported_failures() -> Iterator[None]:
+    """Turn the failures a user causes or expects into one-line errors with a non-zero exit.
+
+    Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
+    """
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except SIGTERMException:
+        raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
+    except torch.OutOfMemoryError as err:
+        first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
+        raise UserError(
+            f"{first}; lower --batch-size, try --precision 16-mixed, or raise --gpu-memory-fraction"
+        ) from None

@@ -1,0 +1,118 @@
+"""Checks for setting values: each takes a command-line string or a YAML value and returns it typed.
+
+A failed check raises ValueError with a message that reads well after the setting's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _number(value: Any, kind: type) -> int | float:
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+        raise ValueError(f"not a valid {kind.__name__}: {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a valid {kind.__name__}: {value!r}") from None
+
+
+def positive_int(value: Any) -> int:
+    number = _number(value, int)
+    if number <= 0:
+        raise ValueError(f"must be a positive integer, got {value}")
+    return number
+
+
+def non_negative_int(value: Any) -> int:
+    number = _number(value, int)
+    if number < 0:
+        raise ValueError(f"must be zero or more, got {value}")
+    return number
+
+
+def positive_float(value: Any) -> float:
+    number = _number(value, float)
+    if not 0 < number < float("inf"):
+        raise ValueError(f"must be a positive number, got {value}")
+    return number
+
+
+def non_negative_float(value: Any) -> float:
+    number = _number(value, float)
+    if not 0 <= number < float("inf"):
+        raise ValueError(f"must be zero or more, got {value}")
+    return number
+
+
+def memory_fraction(value: Any) -> float:
+    number = _number(value, float)
+    if not 0 < number <= 1:
+        raise ValueError(f"must be in (0, 1], got {value}")
+    return number
+
+
+def flag(value: Any) -> bool:
+    """A YAML boolean, or its spelling on the command line (``--trainer.benchmark true``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def text(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError(f"must be a string, got {value!r}")
+    return str(value)
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if isinstance(value, bool) or str(value) not in choices:
+            raise ValueError(f"invalid choice: {str(value)!r} (choose from {', '.join(choices)})")
+        return str(value)
+
+    check.choices = choices  # type: ignore[attr-defined]
+    return check
+
+
+def hidden_sizes(value: Any) -> list[int]:
+    """``128``, ``256,128`` or a YAML list: one or more hidden layer widths."""
+    parts = value if isinstance(value, list) else [p for p in str(value).replace(" ", "").split(",") if p]
+    if not parts or isinstance(value, bool):
+        raise ValueError("needs at least one layer size, e.g. 128 or 256,128")
+    return [positive_int(p) for p in parts]
+
+
+def devices_spec(value: Any) -> int | list[int] | str:
+    """A count (``2``), ``-1``/``auto`` for all, or device indices (``0,1``, ``1,`` or a YAML list)."""
+    if isinstance(value, list) or (isinstance(value, str) and "," in value):
+        parts = value if isinstance(value, list) else [p for p in value.split(",") if p.strip()]
+        try:
+            indices = [_number(p, int) for p in parts]
+        except ValueError:
+            raise ValueError(f"device indices must be integers, got {value!r}") from None
+        if not indices or any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+            raise ValueError(f"device indices must be distinct and >= 0, got {value!r}")
+        return indices
+    if str(value).strip() == "auto":
+        return "auto"
+    count = _number(value, int)
+    if count == 0 or count < -1:
+        raise ValueError(f"device count must be >= 1 (or -1 for all), got {value}")
+    return count
+
+
+def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``null`` in YAML means 'not set' for settings whose default is None."""
+    def check_or_none(value: Any) -> Any:
+        return None if value is None else check(value)
+
+    check_or_none.choices = getattr(check, "choices", None)  # type: ignore[attr-defined]
+    return check_or_none
+
+
+def integer(value: Any) -> int:
+    return int(_number(value, int))
