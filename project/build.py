@@ -23,6 +23,7 @@ from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
 from project.errors import UsageError
 from project.lit_module import LitMNIST
+from project.steps_per_call import StepProgressBar
 from project.tensorboard_figures import TensorBoardFigures
 
 
@@ -34,9 +35,9 @@ def build_datamodule(config: RunConfig) -> MNISTDataModule:
     )
 
 
-def build_model(config: RunConfig) -> LitMNIST:
+def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
     model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
-                     weight_decay=config.weight_decay, scheduler=config.scheduler)
+                     weight_decay=config.weight_decay, scheduler=config.scheduler, steps_per_call=steps_per_call)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
@@ -72,13 +73,17 @@ def build_loggers(config: RunConfig, version: str | None = None) -> list[Logger]
     return loggers
 
 
-def build_callbacks(config: RunConfig) -> list[Callback]:
-    """The template's callbacks; each is cheap next to the MLP's step."""
+def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> list[Callback]:
+    """The template's callbacks; each is cheap next to the MLP's step.
+
+    ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
+    progress bar then counts optimizer steps, and the step loop logs the LR itself.
+    """
     callbacks: list[Callback] = [FiniteLossGuard(), OneCycleResumeCheck()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if config.trainer.get("enable_progress_bar", True):
-        callbacks.append(TQDMProgressBar(refresh_rate=25))
+        callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else TQDMProgressBar(refresh_rate=25))
     if config.fast_dev_run:
         return callbacks
     if config.trainer.get("enable_checkpointing", True):
@@ -89,13 +94,16 @@ def build_callbacks(config: RunConfig) -> list[Callback]:
             # resume needs the newest state whether or not it was the best.
             LastCheckpoint(every_n_train_steps=config.checkpoint_every_n_steps),
         ]
-    callbacks += [LearningRateMonitor(logging_interval="step"), EpochStats(), TensorBoardFigures()]
+    if not steps_per_epoch:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    callbacks += [EpochStats(), TensorBoardFigures()]
     if config.device_stats:
         callbacks.append(DeviceStatsMonitor(cpu_stats=True))
     return callbacks
 
 
-def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version: str | None = None) -> L.Trainer:
+def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version: str | None = None,
+                  steps_per_epoch: int | None = None) -> L.Trainer:
     """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks.
 
     ``config.trainer`` (``--trainer.KEY VALUE``) is applied last, so any Trainer argument can be set.
@@ -111,7 +119,7 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version
         detect_anomaly=config.detect_anomaly,
         fast_dev_run=config.fast_dev_run,
         logger=False if config.fast_dev_run else build_loggers(config, version),
-        callbacks=[*build_callbacks(config), *callbacks],
+        callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
         log_every_n_steps=config.log_every_n_steps,
         enable_model_summary=False,
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go

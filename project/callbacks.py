@@ -24,6 +24,7 @@ class EpochStats(Callback):
 
     def __init__(self) -> None:
         self._start: float | None = None
+        self._samples = 0
         self.epoch_times: list[float] = []
         self.last: dict[str, float] = {}
 
@@ -34,6 +35,11 @@ class EpochStats(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = self._now(trainer)
+        self._samples = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._samples += len(batch[1])
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop(trainer)
@@ -49,15 +55,10 @@ class EpochStats(Callback):
             return
         elapsed = self._now(trainer) - self._start
         self._start = None
-        # Counted here, not per batch: a per-batch hook would cost every step.
-        loader = trainer.train_dataloader
-        batch_size = loader.batch_size or loader.batch_sampler.batch_size
-        batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        samples = min(batches * batch_size, len(loader.sampler))
         self.epoch_times.append(elapsed)
         self.last = {
             "perf/epoch_time_s": elapsed,
-            "perf/samples_per_s": samples * trainer.world_size / elapsed,
+            "perf/samples_per_s": self._samples * trainer.world_size / elapsed,
             "perf/peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
         }
 
@@ -92,13 +93,18 @@ class FiniteLossGuard(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
-        step = trainer.global_step
-        if loss.device.type == "cpu" and not self.deferred:
-            if not torch.isfinite(loss):
-                self._raise(trainer, step)
+        # One loss per optimizer step of this Lightning step (several with --steps-per-call).
+        losses = loss.detach().reshape(-1)
+        first_step = trainer.global_step - len(losses) + 1
+        if losses.device.type == "cpu" and not self.deferred:
+            finite = torch.isfinite(losses)
+            if not bool(finite.all()):
+                self._raise(trainer, first_step + int((~finite).nonzero()[0]))
             return
-        bad_step = torch.where(torch.isfinite(loss), NEVER, step)
+        steps = torch.arange(first_step, trainer.global_step + 1, device=losses.device)
+        bad_step = torch.where(torch.isfinite(losses), NEVER, steps).min()
         self._first_bad = bad_step if self._first_bad is None else torch.minimum(self._first_bad, bad_step)
+        step = trainer.global_step
         if step % trainer.log_every_n_steps == 0:
             self._check(trainer)
 

@@ -15,6 +15,7 @@ from typing import Any
 from project import EVAL_BATCH_SIZE, LOADERS, OPTIMIZERS, SCHEDULERS
 from project.errors import UsageError
 from project.validators import (
+    count_or_auto,
     devices_spec,
     flag,
     hidden_sizes,
@@ -68,6 +69,8 @@ class RunConfig:
                                   "reduce-overhead uses CUDA graphs on GPU)", "hardware", const="default",
                                   metavar="MODE")
     detect_anomaly: bool = setting(False, flag, "autograd anomaly detection (slow; debugging)", "hardware")
+    steps_per_call: int | str = setting("auto", count_or_auto, "optimizer steps per Lightning step (same training, "
+                                        "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
     # recipe
     max_epochs: int = setting(6, positive_int, "", "recipe")
     batch_size: int = setting(256, positive_int, "per device", "recipe")

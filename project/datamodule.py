@@ -15,6 +15,7 @@ from project import EVAL_BATCH_SIZE, LOADERS, MNIST_MEAN, MNIST_STD, NUM_CLASSES
 from project.errors import MNISTDataError
 from project.idx_files import ensure_mnist, label_problem, resolve_data_dir
 from project.samplers import EpochShuffleSampler, EvalShardSampler
+from project.steps_per_call import StepGroups
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -92,6 +93,13 @@ class MNISTDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self._resume_at: tuple[int, int] | None = None
+        # Optimizer steps per Lightning step, and the step counts at which a group must end.
+        self.steps_per_call = 1
+        self.group_ends_every: tuple[int, ...] = ()
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch on one process (the last batch may be partial)."""
+        return -(-len(self.train_set) // self.batch_size)
 
     def prepare_data(self) -> None:
         ensure_mnist(self.data_dir, self.download)
@@ -158,11 +166,15 @@ class MNISTDataModule(L.LightningDataModule):
                 self._resume_at = None
         elif world_size > 1:
             sampler = EvalShardSampler(dataset, world_size, rank)
+        batching: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
+        if shuffle and self.steps_per_call > 1:
+            batching = {"batch_sampler": StepGroups(sampler, batch_size, self.steps_per_call, self.group_ends_every,
+                                                    lambda: trainer.global_step)}
         if isinstance(dataset, TensorMNIST):
             # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+            return DataLoader(dataset, collate_fn=keep_batch, **batching)
+        return DataLoader(dataset, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0, **batching)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.loader == "torchvision":
@@ -187,7 +199,10 @@ class MNISTDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is None or not trainer.training:
             return {}
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if self.steps_per_call > 1:  # groups vary in size; optimizer steps do not
+            done = trainer.global_step - trainer.current_epoch * self.steps_per_epoch()
+        else:
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return {"epoch": trainer.current_epoch, "samples_done": done * self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -94,6 +94,20 @@ def validate_hardware(config: RunConfig) -> None:
         )
 
 
+def expected_world_size(config: RunConfig) -> int:
+    """How many processes the Trainer will start for ``config`` (Lightning's rule for ``devices``)."""
+    devices = config.devices
+    if isinstance(devices, list):
+        count = len(devices)
+    elif devices in (-1, "auto"):
+        accelerator = resolve_accelerator(config.accelerator)
+        every = torch.cuda.device_count() if accelerator == "cuda" else (os.cpu_count() or 1)
+        count = every if devices == -1 or accelerator == "cuda" else 1
+    else:
+        count = int(devices)
+    return count * config.num_nodes
+
+
 def launched_by_cluster_tool() -> bool:
     """True under torchrun/torchelastic, SLURM, or an explicit MASTER_ADDR/NODE_RANK setup."""
     env = os.environ

@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
 from project.model import MLP
+from project.steps_per_call import run_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -25,8 +26,11 @@ def accuracy_metric() -> MulticlassAccuracy:
 class LitMNIST(L.LightningModule):
     """Classifies MNIST with the article's MLP, trained with ``NLLLoss`` on log-probabilities.
 
-    Validation and test steps return their log-probabilities, so callbacks (the figures) can
-    use them without running the model again.
+    ``batch_loss`` is the training logic of one batch. With ``steps_per_call`` K > 1, each
+    Lightning step gets K consecutive batches and takes one optimizer step per batch (manual
+    optimisation in ``project/steps_per_call.py``); with K = 1, Lightning's usual automatic
+    optimisation. Validation and test steps return their log-probabilities, so callbacks (the
+    figures) can use them without running the model again.
     """
 
     def __init__(
@@ -37,6 +41,7 @@ class LitMNIST(L.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
         scheduler: str = "onecycle",
+        steps_per_call: int = 1,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -56,15 +61,25 @@ class LitMNIST(L.LightningModule):
         # and a per-step MeanMetric update would cost more than the MLP's own step.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
+        # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
+        self.steps_per_call = steps_per_call
+        self.automatic_optimization = steps_per_call == 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def batch_loss(self, batch: Batch) -> torch.Tensor:
+        """The training logic of one batch (what to edit): its loss, and the training accuracy."""
         x, y = batch
         log_probs = self.model(x)
         loss = self.loss_fn(log_probs, y)
         self.train_acc.update(log_probs.detach(), y)
+        return loss
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        if not self.automatic_optimization:
+            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss)
+        loss = self.batch_loss(batch)
         # self.log costs more than the MLP's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/loss", loss.detach(), prog_bar=True)
@@ -112,7 +127,12 @@ class LitMNIST(L.LightningModule):
             optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
         if hp.scheduler == "none":
             return optimizer
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=hp.lr, total_steps=int(self.trainer.estimated_stepping_batches)
-        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=self.optimizer_steps())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def optimizer_steps(self) -> int:
+        """How many optimizer steps this fit takes (Lightning counts Lightning steps, K of ours each)."""
+        if self.automatic_optimization:
+            return int(self.trainer.estimated_stepping_batches)
+        datamodule = self.trainer.datamodule
+        return datamodule.steps_per_epoch() * self.trainer.max_epochs

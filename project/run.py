@@ -22,6 +22,7 @@ from project.devices import peak_memory_mb, release_cuda_cache, resolve_hardware
 from project.errors import Terminated, UserError
 from project.export import save_program, save_weights
 from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
+from project.steps_per_call import plan_steps
 from project.tensorboard_figures import TensorBoardFigures
 from project.tuning import tune
 
@@ -40,6 +41,8 @@ class RunResult:
     peak_memory_mb: float
     device: str
     epoch_times: list[float] = field(default_factory=list)
+    steps_per_call: int = 1
+    steps_reason: str = ""
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
     run_dir: Path | None = None
@@ -57,6 +60,7 @@ class RunResult:
             f"{self.devices} device(s) x {config.num_nodes} node(s); "
             f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
             f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
+            f"steps per call {self.steps_per_call} ({self.steps_reason})",
         ]
         if self.program:
             lines.append(f"portable program {self.program}  (torch.export.load(path).module(); ToTensor() pixels in)")
@@ -90,8 +94,10 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         datamodule = build_datamodule(config)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
-    model = build_model(config)
-    trainer = build_trainer(config, callbacks, version)
+    steps_per_call, steps_reason = plan_steps(config, datamodule)
+    model = build_model(config, steps_per_call)
+    trainer = build_trainer(config, callbacks, version,
+                            steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
     config = tune(trainer, model, datamodule, config)
     log_run_text(trainer, config)
     config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
@@ -109,7 +115,8 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
         test_metrics=dict(metrics), best_val=best_val,
         peak_memory_mb=peak_memory_mb(device), device=str(device), epoch_times=stats.epoch_times if stats else [],
-        best_checkpoint=best, last_checkpoint=last, config_file=config_file,
+        best_checkpoint=best, last_checkpoint=last, config_file=config_file, steps_per_call=steps_per_call,
+        steps_reason=steps_reason,
     )
     if trainer.is_global_zero and not config.fast_dev_run:
         write_outputs(trainer, model, result)

@@ -114,5 +114,12 @@ def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return check_or_none
 
 
+def count_or_auto(value: Any) -> int | str:
+    """A positive count, or ``auto``."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    return positive_int(value)
+
+
 def integer(value: Any) -> int:
     return int(_number(value, int))

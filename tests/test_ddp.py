@@ -46,20 +46,21 @@ def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(tmp_
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_batch"] == 64
     assert "global batch 64 = 32 per device x 2 device(s)" in done.stdout
+    assert "steps per call 1 (auto: DDP all-reduces gradients once per forward" in done.stdout
     assert output.count("test/acc ") == 1
     single = single_process_test_accuracy(results["best_checkpoint"], data)
     assert results["test/acc"] == pytest.approx(single, abs=1e-6)
 
 
 @pytest.mark.slow
-def test_two_nodes_started_with_torchrun(tiny_mnist, tmp_path):
+def test_two_nodes_started_with_torchrun_with_16_mixed_on_cpu(tiny_mnist, tmp_path):
     port = str(free_port())
     logdir = tmp_path / "logs"
     commands = [
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
          "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
          TRAIN, "--num-nodes", "2", "--accelerator", "cpu", "--devices", "1", "--data-dir", str(tiny_mnist),
-         "--logdir", str(logdir), *TINY, "--max-epochs", "1"]
+         "--logdir", str(logdir), *TINY, "--max-epochs", "1", "--precision", "16-mixed"]
         for rank in (0, 1)
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -67,8 +68,9 @@ def test_two_nodes_started_with_torchrun(tiny_mnist, tmp_path):
              for c in commands]
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
-    assert "world size 2" in outputs[0]
-    assert sum(o.count("test/acc ") for o in outputs) == 1
+    assert "world size 2" in outputs[0] and "precision bf16-mixed" in outputs[0]
+    assert "fp16 mixed precision is not available on CPU; using bf16-mixed" in outputs[0]
+    assert sum(o.count("test/acc ") for o in outputs) == 1  # only rank 0 prints the summary
     runs = list((logdir / "mnist").iterdir())
     assert len(runs) == 1 and (runs[0] / "results.json").is_file()
     assert json.loads((runs[0] / "results.json").read_text())["world_size"] == 2

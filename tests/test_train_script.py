@@ -78,18 +78,6 @@ def test_trainer_pass_through_reaches_the_trainer_and_config_yaml(tiny_mnist, tm
 
 
 @pytest.mark.slow
-def test_two_process_ddp_with_16_mixed_on_cpu(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "cpu", "--devices", "2",
-                    "--precision", "16-mixed", "--max-epochs", "1", timeout=400)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert "fp16 mixed precision is not available on CPU; using bf16-mixed" in output
-    assert "world size 2" in done.stdout
-    assert output.count("test/acc ") == 1  # only rank 0 prints the summary
-    assert len(list((tmp_path / "logs" / "mnist").iterdir())) == 1
-
-
-@pytest.mark.slow
 def test_default_recipe_reaches_98_percent_and_model_pth_matches(default_run, real_data_dir):
     output = default_run["output"]
     reported = float(summary_value(output, "test/acc"))

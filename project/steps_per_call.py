@@ -1,0 +1,196 @@
+"""Several optimizer steps per Lightning step: the same training, without Lightning's per-step cost each time.
+
+Lightning spends a fixed few hundred microseconds per training step (hooks, progress tracking,
+the optimizer closure); for a small model that is as long as the step's math. Here one Lightning
+step receives a *group* of consecutive batches of the epoch's order and runs one plain per-batch
+function and one optimizer step for each: the same batches in the same order, the same LR at
+every step, the same weights. Groups end wherever something counted in steps must happen (a
+logging step, a checkpoint step, the end of the epoch), so all of those stay exact.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+from torch.utils.data import Sampler
+
+from project.config import RunConfig
+from project.errors import UsageError
+
+AUTO_MAX = 64
+# Lightning's own cost of one training step, measured with a bare LightningModule on this
+# project's 2-core CPU (0.4 ms); auto chooses K so that it is at most ~5 % of K steps' math.
+LIGHTNING_STEP_OVERHEAD_S = 4e-4
+# Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
+COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+                          "limit_train_batches", "max_steps", "min_steps", "overfit_batches", "val_check_interval",
+                          "reload_dataloaders_every_n_epochs", "use_distributed_sampler")
+
+
+def why_one_step(config: RunConfig, world_size: int) -> str | None:
+    """Why this run must take one optimizer step per Lightning step (None if it need not)."""
+    if world_size > 1:
+        return "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"
+    if config.fast_dev_run:
+        return "--fast-dev-run runs one batch per stage"
+    if config.wants_tuner:
+        return "the tuners drive Lightning's own loop"
+    passed = [key for key in COUNTS_LIGHTNING_STEPS if key in config.trainer]
+    if passed:
+        return f"--trainer.{passed[0]} counts Lightning steps"
+    return None
+
+
+def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device) -> tuple[int, str]:
+    """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time."""
+    reason = why_one_step(config, world_size)
+    if config.steps_per_call != "auto":
+        if reason and config.steps_per_call > 1:
+            raise UsageError(f"--steps-per-call {config.steps_per_call}: not possible here ({reason}); "
+                             "use --steps-per-call 1 or auto")
+        return int(config.steps_per_call), "as asked"
+    if reason:
+        return 1, f"auto: {reason}"
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
+        step = measure_step_seconds(config, device)
+    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step))))
+    return k, f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's per-step cost about " \
+              f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
+
+
+def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
+    """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``."""
+    from project.devices import expected_world_size, resolve_accelerator
+
+    k, reason = choose_steps_per_call(config, expected_world_size(config),
+                                      torch.device(resolve_accelerator(config.accelerator)))
+    if k > 1:
+        datamodule.setup("fit")
+        datamodule.steps_per_call = k
+        datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
+    return k, reason
+
+
+def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int = 5) -> float:
+    """Time of one forward, backward and SGD step of the run's MLP at its batch size, on its device."""
+    from project.model import MLP
+
+    model = MLP(config.hidden).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    images = torch.randn(config.batch_size, 1, 28, 28, device=device)
+    targets = torch.randint(0, 10, (config.batch_size,), device=device)
+
+    def step() -> None:
+        loss = torch.nn.functional.nll_loss(model(images), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / repeats
+
+
+def group_ends_at(step: int, k: int, every: tuple[int, ...]) -> bool:
+    """Whether a group must end once ``step`` optimizer steps are done."""
+    return step % k == 0 or any(n and step % n == 0 for n in every)
+
+
+class StepGroups(Sampler[list[int]]):
+    """Batches of ``batch_size`` indices from ``sampler``, grouped into one list per Lightning step.
+
+    A group ends after ``k`` batches, or earlier where ``group_ends_at`` says (logging and
+    checkpoint steps, counted from the run's global step), or at the end of the epoch. It has
+    no length: Lightning then ends the epoch when the groups run out, whatever their count.
+    """
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, k: int, every: tuple[int, ...],
+                 steps_done: Callable[[], int]) -> None:
+        self.sampler, self.batch_size, self.k, self.every = sampler, batch_size, k, every
+        self.steps_done = steps_done
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.steps_done()
+        group: list[int] = []
+        batch: list[int] = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                group += batch
+                batch = []
+                step += 1
+                if group_ends_at(step, self.k, self.every):
+                    yield group
+                    group = []
+        group += batch  # the epoch's last, partial batch
+        if group:
+            yield group
+
+
+def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
+              batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+    """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
+
+    Through ``manual_backward`` and Lightning's optimizer wrapper, so mixed precision scales
+    each step and ``global_step`` counts each one. The step loss and LR are logged for the last
+    step, which is where groups end when a logging step is due, at the step Lightning uses.
+    """
+    trainer = module.trainer
+    optimizer = module.optimizers()
+    scheduler = module.lr_schedulers()
+    images, targets = group
+    losses = []
+    for batch in zip(images.split(batch_size), targets.split(batch_size), strict=True):
+        lr = optimizer.param_groups[0]["lr"]
+        loss = batch_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        module.manual_backward(loss)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.detach())
+    if trainer.global_step % trainer.log_every_n_steps == 0:
+        module.log("train/loss", losses[-1], prog_bar=True)
+        module.log(f"lr-{type(optimizer.optimizer).__name__}", lr)
+    # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
+    trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
+    return torch.stack(losses)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, counting optimizer steps rather than Lightning steps."""
+
+    def __init__(self, steps_per_epoch: int, refresh_rate: int = 25) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch_start = 0
+
+    @property
+    def total_train_batches(self) -> int:
+        return self.steps_per_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self._epoch_start = trainer.global_step - trainer.global_step % self.steps_per_epoch
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        done = trainer.global_step - self._epoch_start
+        bar = self.train_progress_bar
+        if done == self.steps_per_epoch or done // self.refresh_rate > bar.n // self.refresh_rate:
+            bar.n = done
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+            bar.refresh()

@@ -1,0 +1,88 @@
+"""Several optimizer steps per Lightning step is the same training: same weights, checkpoints, logs."""
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from helpers import event_accumulator, make_tiny_mnist, tiny_config
+from project.config import RunConfig
+from project.errors import UsageError
+from project.run import train
+from project.steps_per_call import StepGroups, choose_steps_per_call, group_ends_at
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    # 520 training images at batch 32: 17 optimizer steps per epoch, the last one a partial batch of 8.
+    return make_tiny_mnist(tmp_path_factory.mktemp("spc") / "data", n_train=560, n_test=40)
+
+
+def run(data, folder, steps_per_call, **settings):
+    every_5 = ModelCheckpoint(dirpath=folder / "every5", filename="{step}", every_n_train_steps=5, save_top_k=-1)
+    result = train(tiny_config(data, folder, steps_per_call=steps_per_call, max_epochs=2, **settings),
+                   callbacks=[every_5] if settings.get("checkpoint_every_n_steps") else [])
+    return result, torch.load(result.last_checkpoint, weights_only=True)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for state_a, state_b in zip(a["optimizer_states"][0]["state"].values(),
+                                b["optimizer_states"][0]["state"].values(), strict=True):
+        for name in state_a:
+            assert torch.equal(state_a[name], state_b[name]), name
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert a["MNISTDataModule"] == b["MNISTDataModule"]  # the same place in the epoch's data order
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision):
+    reference, reference_state = run(data, tmp_path / "k1", 1, precision=precision, log_every_n_steps=50)
+    assert reference.steps_per_call == 1 and reference_state["global_step"] == 34
+    for k in (8, "auto"):
+        result, state = run(data, tmp_path / f"k{k}", k, precision=precision, log_every_n_steps=50)
+        assert result.steps_per_call > 1, result.steps_reason
+        assert_same_state(reference_state, state)
+        assert result.test_metrics == reference.test_metrics
+    assert "auto: a step's math takes" in result.summary()
+
+
+def test_checkpoints_and_logs_land_on_the_same_steps(data, tmp_path):
+    settings = {"checkpoint_every_n_steps": 5, "log_every_n_steps": 4, "optimizer": "adamw", "lr": 0.01}
+    one, _ = run(data, tmp_path / "k1", 1, **settings)
+    eight, _ = run(data, tmp_path / "k8", 8, **settings)
+    saved = sorted(p.name for p in (tmp_path / "k1" / "every5").iterdir())
+    assert saved == sorted(p.name for p in (tmp_path / "k8" / "every5").iterdir())
+    assert saved == [f"step={s}.ckpt" for s in (10, 15, 20, 25, 30, 5)]
+    for name in saved:  # each holds the state after exactly that step
+        assert_same_state(torch.load(tmp_path / "k1" / "every5" / name, weights_only=True),
+                          torch.load(tmp_path / "k8" / "every5" / name, weights_only=True))
+    events = [event_accumulator(r.run_dir) for r in (one, eight)]
+    for tag in ("train/loss", "lr-AdamW"):
+        curves = [[(p.step, p.value) for p in e.Scalars(tag)] for e in events]
+        assert curves[0] == curves[1], tag
+        assert [step for step, _ in curves[0]] == [3, 7, 11, 15, 19, 23, 27, 31]
+    assert events[0].Scalars("perf/samples_per_s")[0].step == events[1].Scalars("perf/samples_per_s")[0].step
+
+
+def test_groups_follow_the_steps_that_must_stay_exact():
+    steps = iter([17])
+    groups = list(StepGroups(range(520), 32, 8, (5,), lambda: next(steps)))
+    sizes = [len(g) // 32 + (len(g) % 32 > 0) for g in groups]
+    assert sum(len(g) for g in groups) == 520 and [i for g in groups for i in g] == list(range(520))
+    assert sizes == [3, 4, 1, 5, 2, 2]  # ends at steps 20, 24 (K), 25, 30, 32 (K), 34 (the epoch's end)
+    assert group_ends_at(40, 8, (50,)) and group_ends_at(50, 8, (50,)) and not group_ends_at(45, 8, (50, 0))
+
+
+def test_runs_that_count_lightning_steps_take_one_step_per_call():
+    cpu = torch.device("cpu")
+    for settings, reason in [({"trainer": {"accumulate_grad_batches": 2}}, "--trainer.accumulate_grad_batches"),
+                             ({"fast_dev_run": True}, "--fast-dev-run"), ({"find_lr": True}, "tuners")]:
+        k, why = choose_steps_per_call(RunConfig(**settings), 1, cpu)
+        assert k == 1 and reason in why
+        with pytest.raises(UsageError, match=r"--steps-per-call 8: not possible here"):
+            choose_steps_per_call(RunConfig(steps_per_call=8, **settings), 1, cpu)
+    k, why = choose_steps_per_call(RunConfig(devices=2, accelerator="cpu"), 2, cpu)
+    assert k == 1 and "DDP" in why
+    assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == (1, "as asked")
