@@ -151,7 +151,7 @@ class OneCycleResumeCheck(Callback):
         if not self._restored:
             return
         self._restored = False
-        planned = int(trainer.estimated_stepping_batches)
+        planned = pl_module.optimizer_steps()
         for config in trainer.lr_scheduler_configs:
             total = getattr(config.scheduler, "total_steps", None)
             if total is not None and total != planned:

@@ -93,6 +93,7 @@ class MNISTDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self._resume_at: tuple[int, int] | None = None
+        self._train_sampler: EpochShuffleSampler | None = None
         # Optimizer steps per Lightning step, and the step counts at which a group must end.
         self.steps_per_call = 1
         self.group_ends_every: tuple[int, ...] = ()
@@ -160,16 +161,15 @@ class MNISTDataModule(L.LightningDataModule):
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         sampler: Sampler | None = None
         if shuffle:
-            sampler = EpochShuffleSampler(dataset, self.seed)
+            sampler = self._train_sampler = EpochShuffleSampler(dataset, self.seed)
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
-                self._resume_at = None
         elif world_size > 1:
             sampler = EvalShardSampler(dataset, world_size, rank)
         batching: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
         if shuffle and self.steps_per_call > 1:
             batching = {"batch_sampler": StepGroups(sampler, batch_size, self.steps_per_call, self.group_ends_every,
-                                                    lambda: trainer.global_step)}
+                                                    lambda: (trainer.current_epoch, trainer.global_step))}
         if isinstance(dataset, TensorMNIST):
             # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
             return DataLoader(dataset, collate_fn=keep_batch, **batching)
@@ -206,5 +206,8 @@ class MNISTDataModule(L.LightningDataModule):
         return {"epoch": trainer.current_epoch, "samples_done": done * self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning may restore this before or after it asks for the train loader: both work."""
         if "epoch" in state_dict:
             self._resume_at = (int(state_dict["epoch"]), int(state_dict["samples_done"]))
+            if self._train_sampler is not None:
+                self._train_sampler.resume(*self._resume_at)

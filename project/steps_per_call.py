@@ -78,7 +78,10 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
 
 
 def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int = 5) -> float:
-    """Time of one forward, backward and SGD step of the run's MLP at its batch size, on its device."""
+    """Time of one forward, backward and SGD step of the run's MLP at its batch size, on its device.
+
+    The fastest of a few, so that a busy machine's pauses do not count as the step's math.
+    """
     from project.model import MLP
 
     model = MLP(config.hidden).to(device)
@@ -92,16 +95,15 @@ def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int =
         loss.backward()
         optimizer.step()
 
-    for _ in range(2):
+    def timed() -> float:
+        started = time.perf_counter()
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - started) / repeats
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    timed()  # warm-up: allocations, kernel selection
+    return min(timed() for _ in range(repeats))
 
 
 def group_ends_at(step: int, k: int, every: tuple[int, ...]) -> bool:
@@ -115,15 +117,19 @@ class StepGroups(Sampler[list[int]]):
     A group ends after ``k`` batches, or earlier where ``group_ends_at`` says (logging and
     checkpoint steps, counted from the run's global step), or at the end of the epoch. It has
     no length: Lightning then ends the epoch when the groups run out, whatever their count.
+    ``position`` gives the trainer's ``(epoch, global step)`` when iteration starts: Lightning
+    starts iterating an unsized loader before it sets the epoch of a resumed run.
     """
 
     def __init__(self, sampler: Sampler[int], batch_size: int, k: int, every: tuple[int, ...],
-                 steps_done: Callable[[], int]) -> None:
+                 position: Callable[[], tuple[int, int]]) -> None:
         self.sampler, self.batch_size, self.k, self.every = sampler, batch_size, k, every
-        self.steps_done = steps_done
+        self.position = position
 
     def __iter__(self) -> Iterator[list[int]]:
-        step = self.steps_done()
+        epoch, step = self.position()
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
         group: list[int] = []
         batch: list[int] = []
         for index in self.sampler:
