@@ -23,7 +23,7 @@ from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
 from project.errors import UsageError
 from project.lit_module import LitMNIST
-from project.steps_per_call import StepProgressBar
+from project.steps_per_call import SharedStepCount, StepProgressBar
 from project.tensorboard_figures import TensorBoardFigures
 
 
@@ -79,7 +79,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [FiniteLossGuard(), OneCycleResumeCheck()]
+    callbacks: list[Callback] = [FiniteLossGuard(), OneCycleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if config.trainer.get("enable_progress_bar", True):

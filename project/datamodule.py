@@ -14,8 +14,7 @@ from torchvision import datasets, transforms
 from project import EVAL_BATCH_SIZE, LOADERS, MNIST_MEAN, MNIST_STD, NUM_CLASSES
 from project.errors import MNISTDataError
 from project.idx_files import ensure_mnist, label_problem, resolve_data_dir
-from project.samplers import EpochShuffleSampler, EvalShardSampler
-from project.steps_per_call import StepGroups
+from project.samplers import EpochBatches, EpochShuffleSampler, EvalShardSampler, StepGroups
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -49,8 +48,13 @@ class TensorMNIST(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[index], self.targets[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, device=self.targets.device)
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(indices, torch.Tensor):  # from EpochBatches: already on the data's device
+            index = indices
+        elif self.targets.is_cuda:  # a host list (DDP's sampler): copy it without making the host wait
+            index = torch.tensor(indices).pin_memory().to(self.targets.device, non_blocking=True)
+        else:
+            index = torch.as_tensor(indices)
         return self.images.index_select(0, index), self.targets.index_select(0, index)
 
     def to(self, device: torch.device) -> TensorMNIST:
@@ -93,7 +97,7 @@ class MNISTDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self._resume_at: tuple[int, int] | None = None
-        self._train_sampler: EpochShuffleSampler | None = None
+        self._train_sampler: EpochShuffleSampler | EpochBatches | None = None
         # Optimizer steps per Lightning step, and the step counts at which a group must end.
         self.steps_per_call = 1
         self.group_ends_every: tuple[int, ...] = ()
@@ -159,22 +163,32 @@ class MNISTDataModule(L.LightningDataModule):
         dataset = self._on_run_device(name)
         trainer = getattr(self, "trainer", None)
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if isinstance(dataset, TensorMNIST) and shuffle and world_size == 1:
+            return DataLoader(dataset, batch_sampler=self._train_batches(len(dataset), dataset.targets.device),
+                              collate_fn=keep_batch)
         sampler: Sampler | None = None
-        if shuffle:
+        if shuffle:  # under DDP, Lightning puts a DistributedSampler (seeded by seed + epoch) in its place
             sampler = self._train_sampler = EpochShuffleSampler(dataset, self.seed)
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
         elif world_size > 1:
             sampler = EvalShardSampler(dataset, world_size, rank)
-        batching: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler}
-        if shuffle and self.steps_per_call > 1:
-            batching = {"batch_sampler": StepGroups(sampler, batch_size, self.steps_per_call, self.group_ends_every,
-                                                    lambda: (trainer.current_epoch, trainer.global_step))}
         if isinstance(dataset, TensorMNIST):
             # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
-            return DataLoader(dataset, collate_fn=keep_batch, **batching)
-        return DataLoader(dataset, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0, **batching)
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+
+    def _train_batches(self, size: int, device: torch.device) -> EpochBatches:
+        """Index tensors on the data's device: one batch, or one group of batches, per Lightning step."""
+        trainer = getattr(self, "trainer", None)
+        position = (lambda: (trainer.current_epoch, trainer.global_step)) if trainer is not None else (lambda: (0, 0))
+        kind = StepGroups if self.steps_per_call > 1 else EpochBatches
+        batches = self._train_sampler = kind(size, self.batch_size, self.seed, device, position, self.steps_per_call,
+                                             self.group_ends_every)
+        if self._resume_at is not None:
+            batches.resume(*self._resume_at)
+        return batches
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.loader == "torchvision":

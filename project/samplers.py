@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 
 class EpochShuffleSampler(RandomSampler):
@@ -29,12 +29,70 @@ class EpochShuffleSampler(RandomSampler):
         self._resume_at = (epoch, samples_done)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.data_source), generator=generator).tolist()
-        if self._resume_at is not None and self._resume_at[0] == self.epoch:
-            order = order[self._resume_at[1]:]
+        order = epoch_order(len(self.data_source), self.seed, self.epoch, self._resume_at)
         self._resume_at = None
-        return iter(order)
+        return iter(order.tolist())
+
+
+def epoch_order(size: int, seed: int, epoch: int, resume_at: tuple[int, int] | None) -> torch.Tensor:
+    """The epoch's shuffled indices (seeded by seed + epoch), less those a resumed run already trained on."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
+    if resume_at is not None and resume_at[0] == epoch:
+        order = order[resume_at[1]:]
+    return order
+
+
+def group_ends_at(step: int, k: int, every: tuple[int, ...]) -> bool:
+    """Whether a group of batches must end once ``step`` optimizer steps are done."""
+    return step % k == 0 or any(n and step % n == 0 for n in every)
+
+
+class EpochBatches(Sampler[torch.Tensor]):
+    """The same shuffled order as ``EpochShuffleSampler``, handed out as index tensors on ``device``.
+
+    The epoch's permutation is copied to the device once; each batch is a slice of it, so a
+    step makes no host list and no host-to-device copy (which would make the host wait for
+    the GPU). ``position`` gives the trainer's ``(epoch, global step)`` when iteration starts.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, device: torch.device,
+                 position: Callable[[], tuple[int, int]] = lambda: (0, 0), k: int = 1,
+                 every: tuple[int, ...] = ()) -> None:
+        self.size, self.batch_size, self.seed, self.device = size, batch_size, seed, device
+        self.position, self.k, self.every = position, k, every
+        self._resume_at: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, samples_done: int) -> None:
+        self._resume_at = (epoch, samples_done)
+
+    def __len__(self) -> int:
+        return -(-self.size // self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        epoch, step = self.position()
+        order = epoch_order(self.size, self.seed, epoch, self._resume_at).to(self.device)
+        self._resume_at = None
+        start = 0
+        while start < len(order):
+            batches = 1
+            while start + batches * self.batch_size < len(order) and not group_ends_at(step + batches, self.k,
+                                                                                        self.every):
+                batches += 1
+            yield order[start: start + batches * self.batch_size]
+            start, step = start + batches * self.batch_size, step + batches
+
+
+class StepGroups(EpochBatches):
+    """``EpochBatches`` of ``k`` consecutive batches per Lightning step (``project/steps_per_call.py``).
+
+    A group ends after ``k`` batches, or earlier where ``group_ends_at`` says (logging and
+    checkpoint steps, counted from the run's global step), or at the end of the epoch. It has
+    no length, so Lightning ends the epoch when the groups run out, whatever their count; it
+    then starts iterating before it sets a resumed epoch, hence ``position``.
+    """
+
+    def __len__(self) -> int:
+        raise TypeError("the number of groups depends on where the epoch starts")
 
 
 class EvalShardSampler(DistributedSampler):

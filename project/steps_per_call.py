@@ -10,15 +10,15 @@ logging step, a checkpoint step, the end of the epoch), so all of those stay exa
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import TQDMProgressBar
-from torch.utils.data import Sampler
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from project.config import RunConfig
 from project.errors import UsageError
@@ -41,6 +41,8 @@ def why_one_step(config: RunConfig, world_size: int) -> str | None:
         return "--fast-dev-run runs one batch per stage"
     if config.wants_tuner:
         return "the tuners drive Lightning's own loop"
+    if config.loader != "memory":
+        return "the torchvision loader hands out one batch at a time"
     passed = [key for key in COUNTS_LIGHTNING_STEPS if key in config.trainer]
     if passed:
         return f"--trainer.{passed[0]} counts Lightning steps"
@@ -106,46 +108,6 @@ def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int =
     return min(timed() for _ in range(repeats))
 
 
-def group_ends_at(step: int, k: int, every: tuple[int, ...]) -> bool:
-    """Whether a group must end once ``step`` optimizer steps are done."""
-    return step % k == 0 or any(n and step % n == 0 for n in every)
-
-
-class StepGroups(Sampler[list[int]]):
-    """Batches of ``batch_size`` indices from ``sampler``, grouped into one list per Lightning step.
-
-    A group ends after ``k`` batches, or earlier where ``group_ends_at`` says (logging and
-    checkpoint steps, counted from the run's global step), or at the end of the epoch. It has
-    no length: Lightning then ends the epoch when the groups run out, whatever their count.
-    ``position`` gives the trainer's ``(epoch, global step)`` when iteration starts: Lightning
-    starts iterating an unsized loader before it sets the epoch of a resumed run.
-    """
-
-    def __init__(self, sampler: Sampler[int], batch_size: int, k: int, every: tuple[int, ...],
-                 position: Callable[[], tuple[int, int]]) -> None:
-        self.sampler, self.batch_size, self.k, self.every = sampler, batch_size, k, every
-        self.position = position
-
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch, step = self.position()
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-        group: list[int] = []
-        batch: list[int] = []
-        for index in self.sampler:
-            batch.append(index)
-            if len(batch) == self.batch_size:
-                group += batch
-                batch = []
-                step += 1
-                if group_ends_at(step, self.k, self.every):
-                    yield group
-                    group = []
-        group += batch  # the epoch's last, partial batch
-        if group:
-            yield group
-
-
 def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
               batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
     """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
@@ -174,6 +136,27 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
     trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
     return torch.stack(losses)
+
+
+class SharedStepCount(Callback):
+    """Lets a checkpoint resume at its step whichever K wrote it and whichever K resumes it.
+
+    Lightning counts optimizer steps in one place under automatic optimisation (K = 1) and in
+    another under manual optimisation (K > 1); both are set to the count the checkpoint has.
+    """
+
+    AUTOMATIC = "epoch_loop.automatic_optimization.optim_progress"
+    MANUAL = "epoch_loop.manual_optimization.optim_step_progress"
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        loops = checkpoint.get("loops", {}).get("fit_loop", {})
+        if self.AUTOMATIC not in loops or self.MANUAL not in loops:
+            return
+        automatic, manual = loops[self.AUTOMATIC]["optimizer"]["step"], loops[self.MANUAL]
+        counted = max(automatic, manual, key=lambda progress: progress["total"]["completed"])
+        loops[self.AUTOMATIC]["optimizer"]["step"] = copy.deepcopy(counted)
+        loops[self.MANUAL] = copy.deepcopy(counted)
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -8,7 +8,8 @@ from helpers import event_accumulator, make_tiny_mnist, tiny_config
 from project.config import RunConfig
 from project.errors import UsageError
 from project.run import train
-from project.steps_per_call import StepGroups, choose_steps_per_call, group_ends_at
+from project.samplers import EpochShuffleSampler, StepGroups, group_ends_at
+from project.steps_per_call import choose_steps_per_call
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +74,11 @@ def test_checkpoints_and_logs_land_on_the_same_steps(data, tmp_path):
 
 
 def test_groups_follow_the_steps_that_must_stay_exact():
-    groups = list(StepGroups(range(520), 32, 8, (5,), lambda: (1, 17)))
+    groups = list(StepGroups(520, 32, 3, torch.device("cpu"), lambda: (1, 17), 8, (5,)))
     sizes = [len(g) // 32 + (len(g) % 32 > 0) for g in groups]
-    assert sum(len(g) for g in groups) == 520 and [i for g in groups for i in g] == list(range(520))
+    order = EpochShuffleSampler(range(520), seed=3)
+    order.set_epoch(1)
+    assert torch.cat(groups).tolist() == list(order)  # the same order as one batch at a time
     assert sizes == [3, 4, 1, 5, 2, 2]  # ends at steps 20, 24 (K), 25, 30, 32 (K), 34 (the epoch's end)
     assert group_ends_at(40, 8, (50,)) and group_ends_at(50, 8, (50,)) and not group_ends_at(45, 8, (50, 0))
 
@@ -91,3 +94,13 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
     k, why = choose_steps_per_call(RunConfig(devices=2, accelerator="cpu"), 2, cpu)
     assert k == 1 and "DDP" in why
     assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == (1, "as asked")
+
+
+@pytest.mark.parametrize(("written_with", "k"), [(1, 1), (1, 8), (8, 1)])
+def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
+    _, uninterrupted = run(data, tmp_path / "full", written_with, checkpoint_every_n_steps=5, log_every_n_steps=50)
+    middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
+    assert torch.load(middle, weights_only=True)["MNISTDataModule"] == {"epoch": 1, "samples_done": 8 * 32}
+    _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
+                     resume=str(middle))
+    assert_same_state(uninterrupted, resumed)
