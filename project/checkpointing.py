@@ -55,6 +55,13 @@ class LastCheckpoint(ModelCheckpoint):
         super().__init__(filename="last", save_top_k=1, enable_version_counter=False, save_on_exception=True,
                          every_n_train_steps=every_n_train_steps)
 
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        # With every_n_train_steps, Lightning saves only at those steps; the end of every epoch
+        # (and so of training) belongs in last.ckpt too.
+        if self._every_n_train_steps and not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, NonFiniteLossError):
             super().on_exception(trainer, pl_module, exception)

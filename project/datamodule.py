@@ -213,10 +213,11 @@ class MNISTDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is None or not trainer.training:
             return {}
-        if self.steps_per_call > 1:  # groups vary in size; optimizer steps do not
-            done = trainer.global_step - trainer.current_epoch * self.steps_per_epoch()
-        else:
-            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        batches = self._train_sampler
+        if isinstance(batches, EpochBatches):  # counted in optimizer steps, whichever K took them
+            done = (trainer.global_step - batches.epoch_start_step) * trainer.accumulate_grad_batches
+            return {"epoch": trainer.current_epoch, "samples_done": min(done * self.batch_size, batches.size)}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return {"epoch": trainer.current_epoch, "samples_done": done * self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -61,6 +61,7 @@ class EpochBatches(Sampler[torch.Tensor]):
         self.size, self.batch_size, self.seed, self.device = size, batch_size, seed, device
         self.position, self.k, self.every = position, k, every
         self._resume_at: tuple[int, int] | None = None
+        self.epoch_start_step = 0  # the global step this epoch began at (a resumed one too)
 
     def resume(self, epoch: int, samples_done: int) -> None:
         self._resume_at = (epoch, samples_done)
@@ -71,6 +72,7 @@ class EpochBatches(Sampler[torch.Tensor]):
     def __iter__(self) -> Iterator[torch.Tensor]:
         epoch, step = self.position()
         order = epoch_order(self.size, self.seed, epoch, self._resume_at).to(self.device)
+        self.epoch_start_step = step - (self.size - len(order)) // self.batch_size
         self._resume_at = None
         start = 0
         while start < len(order):
