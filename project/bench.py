@@ -1,4 +1,4 @@
-"""The four training implementations that ``scripts/benchmark.py`` compares, and its report."""
+"""``scripts/benchmark.py``: ways to train the article's MLP, timed side by side in one process; the report."""
 
 from __future__ import annotations
 
@@ -11,165 +11,59 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Subset
-from torchvision import datasets, transforms
 
-from project import EVAL_BATCH_SIZE
-from project.config import RunConfig
+from project import bench_loops
 from project.console import quiet_known_warnings
-from project.datamodule import normalize, split_indices
 from project.devices import resolve_accelerator, resolve_precision
+from project.errors import UsageError
 from project.figures import pyplot
 from project.idx_files import ensure_mnist, resolve_data_dir
-from project.model import build_sequential
 
-NAMES = {
-    "a": "article loop (DataLoader + ToTensor)",
-    "b": "hand-written tensor loop",
-    "c": "template, in-memory loader",
-    "d": "template, torchvision loader",
+ROWS = {
+    "article": "article loop (DataLoader + ToTensor)",
+    "hand": "hand-written tensor loop",
+    "bare": "bare Lightning (no callbacks, logger or bar)",
+    "template-k1": "template, steps per call 1",
+    "template-auto": "template, steps per call auto",
+    "template-torchvision": "template, torchvision loader",
 }
-ARTICLE_LR = 0.01
-
-
-class EpochTimer:
-    """Times an epoch with CUDA events on a GPU, with the wall clock elsewhere."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self) -> EpochTimer:
-        if self.cuda:
-            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.cuda:
-            self._end.record()
-            self._end.synchronize()
-            self.seconds = self._start.elapsed_time(self._end) / 1000
-        else:
-            self.seconds = time.perf_counter() - self._t0
-
-
-def _autocast(device: torch.device, precision: str) -> Any:
-    if precision.endswith("-mixed"):
-        dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
-        return torch.autocast(device.type, dtype=dtype)
-    return torch.autocast(device.type, enabled=False)
-
-
-def _train_split(data_dir: Path, limit: int | None) -> list[int]:
-    """The template's seeded train split, so every implementation sees the same samples."""
-    defaults = RunConfig()
-    train, _ = split_indices(len(datasets.MNIST(data_dir, train=True)), defaults.val_size, defaults.seed)
-    return train[:limit] if limit else train
-
-
-def _evaluate(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> float:
-    model.eval()
-    with torch.no_grad():
-        correct = sum(
-            int((model(x.reshape(len(x), -1)).argmax(1) == y).sum())
-            for x, y in zip(images.split(EVAL_BATCH_SIZE), targets.split(EVAL_BATCH_SIZE), strict=True)
-        )
-    model.train()
-    return correct / len(targets)
-
-
-def _hand_loops(
-    kind: str, args: argparse.Namespace, device: torch.device, precision: str, train_idx: list[int],
-    data_dir: Path,
-) -> tuple[list[float], float]:
-    torch.manual_seed(0)
-    model = build_sequential((128,)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=ARTICLE_LR)
-    criterion = nn.NLLLoss()
-    test = datasets.MNIST(data_dir, train=False)
-    if kind == "a":
-        train_data = Subset(datasets.MNIST(data_dir, train=True, transform=transforms.ToTensor()), train_idx)
-        loader: Iterable = DataLoader(train_data, batch_size=args.batch_size, shuffle=True)
-        test_x = test.data.unsqueeze(1).float().div(255).to(device)
-
-        def batches() -> Iterable:
-            return loader
-    else:
-        full = datasets.MNIST(data_dir, train=True)
-        index = torch.tensor(train_idx)
-        images, labels = normalize(full.data[index]).to(device), full.targets[index].to(device)
-        test_x = normalize(test.data).to(device)
-
-        def batches() -> Iterable:
-            order = torch.randperm(len(labels), device=device)
-            return ((images[i], labels[i]) for i in order.split(args.batch_size))
-
-    times = []
-    for _ in range(args.epochs + 1):
-        with EpochTimer(device) as timer:
-            for inputs, targets in batches():
-                inputs = inputs.to(device, non_blocking=True).reshape(len(inputs), -1)
-                targets = targets.to(device, non_blocking=True)
-                with _autocast(device, precision):
-                    loss = criterion(model(inputs).float(), targets)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-        times.append(timer.seconds)
-    return times[1:], _evaluate(model, test_x, test.targets.to(device))
-
-
-def _template(kind: str, args: argparse.Namespace, limit: int | None, data_dir: Path) -> tuple[list[float], float]:
-    from project.run import train
-
-    with tempfile.TemporaryDirectory() as logdir:
-        config = RunConfig(
-            accelerator=args.accelerator, precision=args.precision, data_dir=str(data_dir), logdir=logdir,
-            name="bench", max_epochs=args.epochs + 1, batch_size=args.batch_size,
-            loader="memory" if kind == "c" else "torchvision",
-            # the article's recipe, as in (a) and (b)
-            optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none",
-            trainer={"enable_progress_bar": False, **({"limit_train_batches": limit // args.batch_size}
-                                                       if limit else {})},
-        )
-        result = train(config)
-    return result.epoch_times[1:], float(result.test_metrics["test/acc"])
+REFERENCE = "hand"
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     quiet_known_warnings()
     data_dir = resolve_data_dir(args.data_dir)
     ensure_mnist(data_dir, download=True)
-    accelerator = resolve_accelerator(args.accelerator)
-    device = torch.device(accelerator)
-    precision = resolve_precision(args.precision, accelerator)
-    train_idx = _train_split(data_dir, args.limit)
-    rows = []
-    runners: dict[str, Callable[[], tuple[list[float], float]]] = {
-        "a": lambda: _hand_loops("a", args, device, precision, train_idx, data_dir),
-        "b": lambda: _hand_loops("b", args, device, precision, train_idx, data_dir),
-        "c": lambda: _template("c", args, args.limit, data_dir),
-        "d": lambda: _template("d", args, args.limit, data_dir),
+    device = torch.device(resolve_accelerator(args.accelerator))
+    precision = resolve_precision(args.precision, args.accelerator)
+    train_idx = bench_loops.train_split(data_dir, args.limit)
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "article": lambda: bench_loops.hand_loop("article", args, device, precision, train_idx, data_dir),
+        "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, train_idx, data_dir),
+        "bare": lambda: bench_loops.bare_lightning(args, device, precision, train_idx, data_dir),
+        "template-k1": lambda: bench_loops.template(args, data_dir, args.limit, 1),
+        "template-auto": lambda: bench_loops.template(args, data_dir, args.limit, "auto"),
+        "template-torchvision": lambda: bench_loops.template(args, data_dir, args.limit, 1, "torchvision"),
     }
-    for key in [k.strip() for k in args.only.split(",") if k.strip()]:
-        print(f"running ({key}) {NAMES[key]} ...", file=sys.stderr, flush=True)
-        times, accuracy = runners[key]()
-        epoch = statistics.median(times)
-        rows.append({
-            "key": key, "implementation": NAMES[key], "epoch_s": epoch,
-            "samples_per_s": len(train_idx) / epoch, "test_acc": accuracy, "epoch_times": times,
-        })
-    reference = next((r["epoch_s"] for r in rows if r["key"] == "b"), None)
+    wanted = list(ROWS) if args.only == "all" else [k.strip() for k in args.only.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in runners]
+    if unknown:
+        raise UsageError(f"--only {unknown[0]}: choose from {', '.join(ROWS)}")
+    rows = []
+    for key in wanted:
+        print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
+        measured = runners[key]()
+        epoch = statistics.median(measured["epoch_times"])
+        rows.append({"key": key, "implementation": ROWS[key], "epoch_s": epoch,
+                     "samples_per_s": len(train_idx) / epoch, **measured})
+    reference = next((r["epoch_s"] for r in rows if r["key"] == REFERENCE), None)
     for row in rows:
-        row["ratio_to_b"] = row["epoch_s"] / reference if reference else None
+        row["vs_hand"] = row["epoch_s"] / reference if reference else None
     return {
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
         "timed_epochs": args.epochs, "train_samples": len(train_idx),
@@ -198,17 +92,20 @@ def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]
 
 
 def _markdown(results: dict[str, Any]) -> str:
+    gpu = results["device"].startswith("cuda")
     lines = [
         f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
         f"{results['train_samples']} samples/epoch, median of {results['timed_epochs']} epochs after a warm-up",
         "",
-        "| implementation | epoch time (s) | samples/s | ratio to (b) | test acc |",
-        "|---|---:|---:|---:|---:|",
+        "| implementation | epoch time (s) | samples/s | vs hand-written | test acc | steps per call |"
+        + (" host syncs per step |" if gpu else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if gpu else ""),
     ]
     for r in results["rows"]:
-        ratio = f"{r['ratio_to_b']:.2f}x" if r["ratio_to_b"] else "-"
-        lines.append(f"| ({r['key']}) {r['implementation']} | {r['epoch_s']:.3f} | {r['samples_per_s']:,.0f} | "
-                     f"{ratio} | {r['test_acc']:.4f} |")
+        ratio = f"{r['vs_hand']:.2f}x" if r["vs_hand"] else "-"
+        syncs = f" {r['syncs_per_step']:.2f} |" if gpu and "syncs_per_step" in r else (" - |" if gpu else "")
+        lines.append(f"| {r['implementation']} | {r['epoch_s']:.3f} | {r['samples_per_s']:,.0f} | {ratio} | "
+                     f"{r['test_acc']:.4f} | {r.get('steps_per_call', '-')} |{syncs}")
     tta = results.get("time_to_accuracy")
     if tta:
         acc = f"{tta['test_acc']:.4f}" if tta["test_acc"] is not None else "n/a"
@@ -226,7 +123,7 @@ def report(results: dict[str, Any], out: Path) -> None:
     (out / "benchmark.md").write_text(markdown)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
-    labels = [f"({r['key']}) {r['implementation']}" for r in results["rows"]]
+    labels = [r["implementation"] for r in results["rows"]]
     ax.barh(labels[::-1], [r["epoch_s"] for r in results["rows"]][::-1], color="#4c72b0")
     ax.set_xlabel("median epoch time (s), lower is better")
     ax.set_title(f"MNIST MLP, batch {results['batch_size']}, {results['device']}, {results['precision']}")

@@ -172,7 +172,7 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
-    parser.add_argument("--only", default="a,b,c,d", help="which implementations to run, e.g. b,c")
+    parser.add_argument("--only", default="all", help="rows to run: all, or e.g. hand,template-auto")
     parser.add_argument("--no-time-to-accuracy", action="store_true",
                         help="skip timing the whole default scripts/train.py command")
     parser.add_argument("--out", default="benchmark-results", help="folder for benchmark.json/.md/.png")

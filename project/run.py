@@ -43,6 +43,7 @@ class RunResult:
     epoch_times: list[float] = field(default_factory=list)
     steps_per_call: int = 1
     steps_reason: str = ""
+    optimizer_steps: int = 0
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
     run_dir: Path | None = None
@@ -116,7 +117,7 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         test_metrics=dict(metrics), best_val=best_val,
         peak_memory_mb=peak_memory_mb(device), device=str(device), epoch_times=stats.epoch_times if stats else [],
         best_checkpoint=best, last_checkpoint=last, config_file=config_file, steps_per_call=steps_per_call,
-        steps_reason=steps_reason,
+        steps_reason=steps_reason, optimizer_steps=trainer.global_step,
     )
     if trainer.is_global_zero and not config.fast_dev_run:
         write_outputs(trainer, model, result)

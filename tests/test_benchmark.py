@@ -15,12 +15,15 @@ def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
                       "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "benchmark.json").read_text())
-    assert [r["key"] for r in result["rows"]] == ["a", "b", "c", "d"]
+    assert [r["key"] for r in result["rows"]] == ["article", "hand", "bare", "template-k1", "template-auto",
+                                                  "template-torchvision"]
     assert all(r["epoch_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in result["rows"])
-    assert next(r for r in result["rows"] if r["key"] == "b")["ratio_to_b"] == 1.0
+    rows = {r["key"]: r for r in result["rows"]}
+    assert rows["hand"]["vs_hand"] == 1.0
+    assert rows["template-k1"]["steps_per_call"] == 1 and rows["template-auto"]["steps_per_call"] >= 1
     assert result["train_samples"] == 256
     assert result["time_to_accuracy"]["exit_code"] == 0 and result["time_to_accuracy"]["printed_s"] > 0
     markdown = (out / "benchmark.md").read_text()
-    assert "| (c) template, in-memory loader |" in markdown and "time to accuracy" in markdown
+    assert "| template, steps per call auto |" in markdown and "time to accuracy" in markdown
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "ratio to (b)" in done.stdout
+    assert "vs hand-written" in done.stdout
