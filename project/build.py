@@ -37,7 +37,8 @@ def build_datamodule(config: RunConfig) -> MNISTDataModule:
 
 def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
     model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
-                     weight_decay=config.weight_decay, scheduler=config.scheduler, steps_per_call=steps_per_call)
+                     weight_decay=config.weight_decay, scheduler=config.scheduler, steps_per_call=steps_per_call,
+                     cuda_graphs=config.cuda_graphs)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model

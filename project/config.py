@@ -69,6 +69,8 @@ class RunConfig:
                                   "reduce-overhead uses CUDA graphs on GPU)", "hardware", const="default",
                                   metavar="MODE")
     detect_anomaly: bool = setting(False, flag, "autograd anomaly detection (slow; debugging)", "hardware")
+    cuda_graphs: bool = setting(False, flag, "capture each optimizer step as a CUDA graph and replay it "
+                                "(GPU, steps per call > 1, full precision; experimental)", "hardware")
     steps_per_call: int | str = setting("auto", count_or_auto, "optimizer steps per Lightning step (same training, "
                                         "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
     # recipe

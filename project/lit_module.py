@@ -12,6 +12,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
+from project.cuda_graphs import GraphedStep
 from project.model import MLP
 from project.steps_per_call import run_steps
 
@@ -42,6 +43,7 @@ class LitMNIST(L.LightningModule):
         weight_decay: float = 5e-4,
         scheduler: str = "onecycle",
         steps_per_call: int = 1,
+        cuda_graphs: bool = False,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -64,6 +66,8 @@ class LitMNIST(L.LightningModule):
         # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
         self.steps_per_call = steps_per_call
         self.automatic_optimization = steps_per_call == 1
+        self.cuda_graphs = cuda_graphs
+        self.graphed_step = GraphedStep(self, self.batch_loss) if cuda_graphs else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -78,7 +82,7 @@ class LitMNIST(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if not self.automatic_optimization:
-            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss)
+            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.graphed_step)
         loss = self.batch_loss(batch)
         # self.log costs more than the MLP's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -118,13 +122,19 @@ class LitMNIST(L.LightningModule):
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         params = self.model.parameters()
+        # Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step.
+        # A captured step reads the LR from a tensor, which the schedule then updates in place.
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        lr = torch.tensor(hp.lr, device=self.device) if self.cuda_graphs else hp.lr
         if hp.optimizer == "sgd":
-            optimizer = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
-                                        nesterov=hp.momentum > 0)
+            optimizer = torch.optim.SGD(params, lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+                                        nesterov=hp.momentum > 0, **fused)
         elif hp.optimizer == "adam":
-            optimizer = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+            optimizer = torch.optim.Adam(params, lr=lr, weight_decay=hp.weight_decay,
+                                         **({"capturable": True} if self.cuda_graphs else fused))
         else:
-            optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
+            optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=hp.weight_decay,
+                                          **({"capturable": True} if self.cuda_graphs else fused))
         if hp.scheduler == "none":
             return optimizer
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=self.optimizer_steps())

@@ -17,8 +17,9 @@ from project.callbacks import EpochStats
 from project.checkpointing import find_checkpoint, read_checkpoint
 from project.config import RunConfig
 from project.console import quiet_known_warnings
+from project.cuda_graphs import check_cuda_graphs
 from project.datamodule import MNISTDataModule
-from project.devices import peak_memory_mb, release_cuda_cache, resolve_hardware
+from project.devices import peak_memory_mb, release_cuda_cache, resolve_accelerator, resolve_hardware
 from project.errors import Terminated, UserError
 from project.export import save_program, save_weights
 from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
@@ -96,6 +97,7 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     steps_per_call, steps_reason = plan_steps(config, datamodule)
+    check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
     trainer = build_trainer(config, callbacks, version,
                             steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)

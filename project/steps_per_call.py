@@ -109,24 +109,32 @@ def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int =
 
 
 def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
-              batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+              batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
+              graphed: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor] | None = None) -> torch.Tensor:
     """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
 
     Through ``manual_backward`` and Lightning's optimizer wrapper, so mixed precision scales
     each step and ``global_step`` counts each one. The step loss and LR are logged for the last
     step, which is where groups end when a logging step is due, at the step Lightning uses.
+    ``graphed`` (``--cuda-graphs``) replays a captured step for every full-size batch.
     """
     trainer = module.trainer
     optimizer = module.optimizers()
     scheduler = module.lr_schedulers()
     images, targets = group
     losses = []
-    for batch in zip(images.split(batch_size), targets.split(batch_size), strict=True):
-        lr = optimizer.param_groups[0]["lr"]
-        loss = batch_loss(batch)
-        optimizer.zero_grad(set_to_none=True)
-        module.manual_backward(loss)
-        optimizer.step()
+    batches = list(zip(images.split(batch_size), targets.split(batch_size), strict=True))
+    for index, batch in enumerate(batches):
+        if index == len(batches) - 1:  # the LR this step uses (a copy: a tensor LR changes in place)
+            lr = optimizer.param_groups[0]["lr"]
+            lr = lr.clone() if torch.is_tensor(lr) else lr
+        if graphed is not None and len(batch[1]) == batch_size:
+            loss = graphed(batch)
+        else:
+            loss = batch_loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            module.manual_backward(loss)
+            optimizer.step()
         if scheduler is not None:
             scheduler.step()
         losses.append(loss.detach())

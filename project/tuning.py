@@ -11,6 +11,9 @@ from project.datamodule import MNISTDataModule
 from project.errors import UsageError
 from project.lit_module import LitMNIST
 
+FINDER_TRIALS = 6  # doublings the batch-size finder tries
+BATCH_SIZE_CAP = 8192  # Lightning's own default ceiling for the finder
+
 
 def check_tuning(config: RunConfig, world_size: int) -> None:
     """Refuse tuner requests that cannot work, before anything runs."""
@@ -37,11 +40,14 @@ def tune(trainer: L.Trainer, model: LitMNIST, datamodule: MNISTDataModule, confi
 
     tuner = Tuner(trainer)
     if config.find_batch_size:
+        start = datamodule.batch_size
         found = tuner.scale_batch_size(model, datamodule=datamodule, mode="power", steps_per_trial=3,
-                                       init_val=datamodule.batch_size, max_trials=6)
-        note = " (CPU memory never runs out here: the finder stopped at its trial limit)" \
-            if trainer.strategy.root_device.type == "cpu" else ""
-        rank_zero_info(f"batch-size finder: using --batch-size {found}{note}")
+                                       init_val=start, max_trials=FINDER_TRIALS, max_val=BATCH_SIZE_CAP)
+        limits = {"the training set's size": len(datamodule.train_set), "its cap": BATCH_SIZE_CAP,
+                  "its trial limit": start * 2**FINDER_TRIALS}
+        hit = next((f"{name}, {value}" for name, value in limits.items() if found >= value), None)
+        how = f"it stopped at {hit}, not at a memory limit" if hit else "the largest that fit in memory"
+        rank_zero_info(f"batch-size finder: using --batch-size {found} ({how})")
     if config.find_lr:
         finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-5, max_lr=1.0, num_training=100)
         suggestion = finder.suggestion() if finder else None

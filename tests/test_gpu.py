@@ -8,9 +8,10 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import run_script, summary_value, tiny_run
+from helpers import make_tiny_mnist, run_script, summary_value, tiny_config, tiny_run
 from project.datamodule import MNISTDataModule
 from project.lit_module import LitMNIST
+from project.run import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -40,16 +41,19 @@ def test_memory_fraction_really_limits_allocation():
     assert "LIMITED" in done.stdout, done.stderr
 
 
-def test_memory_fraction_flag_applies_to_the_training_process(tiny_mnist, tmp_path):
-    # 1e-6 of the GPU is a few hundred KB: too little for even the tiny data set on the device.
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
-                    "--gpu-memory-fraction", "0.000001")
+def test_memory_fraction_counts_the_data_the_run_keeps_on_the_gpu(tmp_path):
+    # A 64 MiB cap holds the model and a small data set, but not 60,000 images as float32 (188 MB).
+    fraction = f"{64 * 2**20 / torch.cuda.get_device_properties(0).total_memory:.8f}"
+    small = make_tiny_mnist(tmp_path / "small")
+    fine = tiny_run(small, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
+                    "--gpu-memory-fraction", fraction)
+    assert fine.returncode == 0, fine.stderr
+    large = make_tiny_mnist(tmp_path / "large", n_train=60000, n_test=80)
+    done = tiny_run(large, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
+                    "--gpu-memory-fraction", fraction)
     assert done.returncode == 1
     assert "out of memory" in done.stderr and "raise --gpu-memory-fraction" in done.stderr
     assert "Traceback" not in done.stderr
-    fine = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
-                    "--gpu-memory-fraction", "0.5")
-    assert fine.returncode == 0, fine.stderr
 
 
 def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_mnist):
@@ -62,8 +66,55 @@ def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_mnist):
     assert x.is_cuda  # batches are gathered on the device: no host-to-device copy per step
 
 
-def test_compile_reduce_overhead_runs(tiny_mnist, tmp_path):
+class _NoSyncBetweenLogs(LitMNIST):
+    """Makes any host sync inside a training step an error, once the first steps have warmed up."""
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.trainer.global_step >= 16:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 8])
+def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_mnist, tmp_path, monkeypatch,
+                                                                      steps_per_call):
+    from project import build
+
+    monkeypatch.setattr(build, "LitMNIST", _NoSyncBetweenLogs)
+    result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=8, batch_size=8,
+                               log_every_n_steps=1000, steps_per_call=steps_per_call))
+    assert result.optimizer_steps == 8 * 25  # 200 images / 8; every step after the 16th ran sync-free
+
+
+def test_cuda_graphs_train_like_eager_execution(tiny_mnist, tmp_path):
+    settings = {"accelerator": "gpu", "max_epochs": 3, "steps_per_call": 8, "log_every_n_steps": 1000}
+    eager = train(tiny_config(tiny_mnist, tmp_path / "eager", **settings))
+    graphed = train(tiny_config(tiny_mnist, tmp_path / "graphed", cuda_graphs=True, **settings))
+    a = torch.load(eager.last_checkpoint, weights_only=True)
+    b = torch.load(graphed.last_checkpoint, weights_only=True)
+    assert a["global_step"] == b["global_step"] == 3 * 7
+    for key in a["state_dict"]:
+        torch.testing.assert_close(a["state_dict"][key], b["state_dict"][key], rtol=1e-5, atol=1e-6)
+    assert graphed.test_metrics["test/acc"] == pytest.approx(eager.test_metrics["test/acc"], abs=0.02)
+
+
+def test_compile_reduce_overhead_runs_on_cuda_graphs(tiny_mnist, tmp_path):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=1,
+                               compile="reduce-overhead", steps_per_call=1))
+    assert result.test_metrics["test/acc"] > 0.5
+    assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
+    from torch._inductor import cudagraph_trees
+
+    assert cudagraph_trees.get_container(0).tree_manager is not None  # inductor recorded CUDA graph trees
+
+
+def test_compile_reduce_overhead_from_the_command_line(tiny_mnist, tmp_path):
     done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--max-epochs", "1",
                     "--compile", "reduce-overhead", timeout=600)
     assert done.returncode == 0, done.stderr
-    assert float(summary_value(done.stdout + done.stderr, "test/acc")) > 0.5
+    assert float(summary_value(done.stdout, "test/acc")) > 0.5

@@ -96,6 +96,19 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
     assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == (1, "as asked")
 
 
+def test_cuda_graphs_are_refused_where_they_cannot_be_the_same_training():
+    from project.cuda_graphs import check_cuda_graphs
+
+    check_cuda_graphs(RunConfig(), "cpu", 1)  # off: nothing to check
+    for config, accelerator, k, message in [
+        (RunConfig(cuda_graphs=True), "cpu", 8, "needs --accelerator gpu"),
+        (RunConfig(cuda_graphs=True), "cuda", 1, "needs --steps-per-call 2 or more"),
+        (RunConfig(cuda_graphs=True, precision="16-mixed"), "cuda", 8, "cannot capture mixed precision"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            check_cuda_graphs(config, accelerator, k)
+
+
 @pytest.mark.parametrize(("written_with", "k"), [(1, 1), (1, 8), (8, 1)])
 def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
     _, uninterrupted = run(data, tmp_path / "full", written_with, checkpoint_every_n_steps=5, log_every_n_steps=50)
