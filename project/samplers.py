@@ -71,7 +71,11 @@ class EpochBatches(Sampler[torch.Tensor]):
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         epoch, step = self.position()
-        order = epoch_order(self.size, self.seed, epoch, self._resume_at).to(self.device)
+        order = epoch_order(self.size, self.seed, epoch, self._resume_at)
+        if not len(order):  # resumed from the end of this epoch, before Lightning moved on: the next one
+            epoch += 1
+            order = epoch_order(self.size, self.seed, epoch, None)
+        order = order.to(self.device)
         self.epoch_start_step = step - (self.size - len(order)) // self.batch_size
         self._resume_at = None
         start = 0

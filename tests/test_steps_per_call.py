@@ -117,3 +117,12 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, writte
     _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
                      resume=str(middle))
     assert_same_state(uninterrupted, resumed)
+
+
+@pytest.mark.parametrize(("written_with", "k"), [(1, 8), (8, 8), (8, 1)])
+def test_resuming_from_the_end_of_an_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
+    settings = {"scheduler": "none", "log_every_n_steps": 50}
+    _, uninterrupted = run(data, tmp_path / "full", 1, **settings)  # 2 epochs
+    first = train(tiny_config(data, tmp_path / "first", steps_per_call=written_with, max_epochs=1, **settings))
+    _, resumed = run(data, tmp_path / "resumed", k, resume=first.last_checkpoint, **settings)
+    assert_same_state(uninterrupted, resumed)
