@@ -8,7 +8,7 @@ ARGS ?=
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --no-compile -e ".[dev]"
+	$(PY) -m pip install -e ".[dev]"
 	touch $@
 
 train: $(VENV)/.installed

@@ -90,14 +90,6 @@ def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, monkeypatch, case):
     assert str(data) in str(err.value)
 
 
-def test_a_bad_mnist_file_exits_1_with_one_line(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data")
-    _empty(data)
-    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY)
-    assert done.returncode == 1
-    assert one_line_error(done.stderr).endswith(f"{TRAIN_IMAGES}: empty file")
-
-
 def test_debug_shows_the_traceback_of_a_user_error(capsys):
     def failing() -> int:
         raise MNISTDataError("somewhere: empty file")
