@@ -28,7 +28,7 @@ def check_cuda_graphs(config: RunConfig, accelerator: str, steps_per_call: int) 
         raise UsageError("--cuda-graphs captures GPU work; it needs --accelerator gpu")
     if steps_per_call < 2:
         raise UsageError("--cuda-graphs replays the steps of one Lightning step; it needs --steps-per-call 2 or more "
-                         "(auto chose 1 here)")
+                         f"(this run takes {steps_per_call})")
     if config.precision.endswith("-mixed"):
         raise UsageError("--cuda-graphs cannot capture mixed precision (autocast's cache, the loss scaler); "
                          "use --precision 32 or bf16-true")

@@ -24,9 +24,10 @@ from project.config import RunConfig
 from project.errors import UsageError
 
 AUTO_MAX = 64
-# Lightning's own cost of one training step, measured with a bare LightningModule on this
-# project's 2-core CPU (0.4 ms); auto chooses K so that it is at most ~5 % of K steps' math.
-LIGHTNING_STEP_OVERHEAD_S = 4e-4
+# Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
+# scripts/benchmark.py, per step, on the 2-core CPU (1.1 ms at batch 64, 1.2 ms at 256); auto
+# chooses K so that it is at most ~5 % of K steps' math.
+LIGHTNING_STEP_OVERHEAD_S = 1e-3
 # Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
 COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                           "limit_train_batches", "max_steps", "min_steps", "overfit_batches", "val_check_interval",
