@@ -16,6 +16,7 @@ from torchmetrics import Metric
 
 from project.config import RunConfig
 from project.errors import UsageError
+from project.steps_per_call import count_optimizer_step
 
 WARM_UP_STEPS = 3  # on a side stream before capture, as PyTorch's graph capture requires
 
@@ -68,10 +69,7 @@ class GraphedStep:
             metric = getattr(self.module, name)
             for args, kwargs in recorder.calls:
                 metric.update(*args, **kwargs)
-        # What Lightning's optimizer wrapper records for a step, so global_step counts this one.
-        progress = self.module.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        progress.increment_ready()
-        progress.increment_completed()
+        count_optimizer_step(self.module.trainer)
         return self.loss.clone()
 
     def _step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:

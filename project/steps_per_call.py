@@ -114,14 +114,17 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
               graphed: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor] | None = None) -> torch.Tensor:
     """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
 
-    Through ``manual_backward`` and Lightning's optimizer wrapper, so mixed precision scales
-    each step and ``global_step`` counts each one. The step loss and LR are logged for the last
-    step, which is where groups end when a logging step is due, at the step Lightning uses.
-    ``graphed`` (``--cuda-graphs``) replays a captured step for every full-size batch.
+    Each step calls the optimizer itself and counts itself in ``global_step``: Lightning's
+    per-step backward and optimizer hooks would cost more than an MLP's step. With a loss
+    scaler (16-mixed) steps go through ``manual_backward`` and Lightning's optimizer wrapper,
+    which scale and unscale each one. The step loss and LR are logged for the last step, which
+    is where groups end when a logging step is due, at the step Lightning uses. ``graphed``
+    (``--cuda-graphs``) replays a captured step for every full-size batch.
     """
     trainer = module.trainer
     optimizer = module.optimizers()
     scheduler = module.lr_schedulers()
+    scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
     images, targets = group
     losses = []
     batches = list(zip(images.split(batch_size), targets.split(batch_size), strict=True))
@@ -131,11 +134,17 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
             lr = lr.clone() if torch.is_tensor(lr) else lr
         if graphed is not None and len(batch[1]) == batch_size:
             loss = graphed(batch)
-        else:
+        elif scaled:
             loss = batch_loss(batch)
             optimizer.zero_grad(set_to_none=True)
             module.manual_backward(loss)
             optimizer.step()
+        else:
+            loss = batch_loss(batch)
+            optimizer.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.optimizer.step()
+            count_optimizer_step(trainer)
         if scheduler is not None:
             scheduler.step()
         losses.append(loss.detach())
@@ -145,6 +154,13 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
     trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
     return torch.stack(losses)
+
+
+def count_optimizer_step(trainer: L.Trainer) -> None:
+    """What Lightning's optimizer wrapper records for a step, for one taken without it."""
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    progress.increment_ready()
+    progress.increment_completed()
 
 
 class SharedStepCount(Callback):
