@@ -74,7 +74,6 @@ def one_of(*choices: str) -> Callable[[Any], str]:
             raise ValueError(f"invalid choice: {str(value)!r} (choose from {', '.join(choices)})")
         return str(value)
 
-    check.choices = choices  # type: ignore[attr-defined]
     return check
 
 
@@ -110,7 +109,6 @@ def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def check_or_none(value: Any) -> Any:
         return None if value is None else check(value)
 
-    check_or_none.choices = getattr(check, "choices", None)  # type: ignore[attr-defined]
     return check_or_none
 
 

@@ -10,6 +10,7 @@ import yaml
 from helpers import ROOT, one_line_error, run_script
 from project.cli import build_parser, parse_run_config
 from project.config import RunConfig, resolve_config
+from project.errors import UsageError
 from project.trainer_args import check_trainer_args
 
 
@@ -160,9 +161,9 @@ def test_trainer_mapping_in_a_config_file_and_saved_config_round_trip(tmp_path):
 
 def test_trainer_argument_checks_follow_the_declared_types():
     assert check_trainer_args({"devices": [0, 1], "max_time": "00:01:00:00", "limit_val_batches": None})
-    with pytest.raises(Exception, match="expected"):
+    with pytest.raises(UsageError, match=r"--trainer.max_time: expected str, a mapping, null, got 5"):
         check_trainer_args({"max_time": 5})
-    with pytest.raises(Exception, match="expected int"):
+    with pytest.raises(UsageError, match="expected int"):
         check_trainer_args({"accumulate_grad_batches": True})  # a bool is not a count
 
 
