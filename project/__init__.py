@@ -12,5 +12,5 @@ IMAGE_PIXELS = 28 * 28
 EVAL_BATCH_SIZE = 1000  # evaluation holds no gradients: big batches, few steps
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULERS = ("none", "onecycle")
+SCHEDULERS = ("none", "onecycle", "cosine")
 LOADERS = ("memory", "torchvision")

@@ -11,13 +11,14 @@ import lightning as L
 from lightning.pytorch.callbacks import (
     Callback,
     DeviceStatsMonitor,
+    EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
     TQDMProgressBar,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction, OneCycleResumeCheck
+from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction, ScheduleResumeCheck
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
@@ -37,7 +38,8 @@ def build_datamodule(config: RunConfig) -> MNISTDataModule:
 
 def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
     model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
-                     weight_decay=config.weight_decay, scheduler=config.scheduler, steps_per_call=steps_per_call,
+                     weight_decay=config.weight_decay, scheduler=config.scheduler,
+                     warmup_steps=config.warmup_steps, steps_per_call=steps_per_call,
                      cuda_graphs=config.cuda_graphs)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
@@ -80,7 +82,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [FiniteLossGuard(), OneCycleResumeCheck(), SharedStepCount()]
+    callbacks: list[Callback] = [FiniteLossGuard(), ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if config.trainer.get("enable_progress_bar", True):
@@ -89,12 +91,14 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
         return callbacks
     if config.trainer.get("enable_checkpointing", True):
         callbacks += [
-            ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=1,
+            ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=config.save_top_k,
                             filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False),
             # Not save_last=True: Lightning writes that only when the best improves, and a
             # resume needs the newest state whether or not it was the best.
             LastCheckpoint(every_n_train_steps=config.checkpoint_every_n_steps),
         ]
+    if config.early_stopping is not None:
+        callbacks.append(EarlyStopping(monitor="val/acc", mode="max", patience=config.early_stopping))
     if not steps_per_epoch:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks += [EpochStats(), TensorBoardFigures()]

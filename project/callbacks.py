@@ -10,7 +10,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from project.devices import peak_memory_mb
-from project.errors import NonFiniteLossError, UserError
+from project.errors import NonFiniteLossError
+from project.resume import check_schedule_length
 
 NEVER = torch.iinfo(torch.int64).max
 
@@ -137,8 +138,9 @@ class FiniteLossGuard(Callback):
         )
 
 
-class OneCycleResumeCheck(Callback):
-    """A one-cycle schedule restored from a checkpoint must span the steps this run will take."""
+class ScheduleResumeCheck(Callback):
+    """The last word on a restored schedule's length (``project.resume`` checks it before the run
+    starts where it can predict the steps; this covers what it cannot, e.g. ``max_time``)."""
 
     def __init__(self) -> None:
         self._restored = False
@@ -151,11 +153,7 @@ class OneCycleResumeCheck(Callback):
         if not self._restored:
             return
         self._restored = False
-        planned = pl_module.optimizer_steps()
         for config in trainer.lr_scheduler_configs:
             total = getattr(config.scheduler, "total_steps", None)
-            if total is not None and total != planned:
-                raise UserError(
-                    f"the checkpoint's onecycle schedule spans {total} steps but these settings give {planned}; "
-                    "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
-                )
+            if total is not None:
+                check_schedule_length(total, pl_module.optimizer_steps())

@@ -28,6 +28,7 @@ from project.validators import (
     positive_float,
     positive_int,
     text,
+    top_k,
 )
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
@@ -81,11 +82,16 @@ class RunConfig:
     lr: float = setting(0.2, positive_float, "peak LR under onecycle", "recipe")
     momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0)", "recipe")
     weight_decay: float = setting(5e-4, non_negative_float, "", "recipe")
-    scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle (per step) or none", "recipe")
+    scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
+                             "per optimizer step", "recipe")
+    warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5% "
+                                       "of the run's steps)", "recipe", metavar="N")
     hidden: list[int] = setting([128], hidden_sizes, "hidden widths, e.g. 128 or 256,128", "recipe")
     scale_lr: bool = setting(False, flag, f"linear scaling rule: lr x global batch / {BASE_BATCH}", "recipe")
     find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
+    early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "
+                                         "this many validations (EarlyStopping)", "recipe", metavar="PATIENCE")
     seed: int = setting(0, integer, "seeds the split, the data order and the weights", "recipe")
     deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
     # data
@@ -104,6 +110,8 @@ class RunConfig:
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
     resume: str | None = setting(None, optional(text), "checkpoint to continue from; 'last' = newest run's "
                                  "last.ckpt", saved=False, metavar="CKPT|last")
+    save_top_k: int = setting(1, top_k, "how many of the best checkpoints (by val/acc) to keep; -1 keeps all",
+                              metavar="K")
     checkpoint_every_n_steps: int | None = setting(None, optional(positive_int), "also refresh last.ckpt every N "
                                                    "optimizer steps", metavar="N")
     export: str | None = setting(None, optional(text), "where to write model.pth (default: the run folder)",
@@ -118,6 +126,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.fast_dev_run and self.resume:
             raise UsageError("--fast-dev-run cannot be combined with --resume")
+        if self.warmup_steps is not None and self.scheduler != "cosine":
+            raise UsageError(f"--warmup-steps applies to --scheduler cosine, not {self.scheduler}")
 
     @classmethod
     def settings(cls) -> dict[str, dataclasses.Field]:

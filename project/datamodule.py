@@ -106,6 +106,11 @@ class MNISTDataModule(L.LightningDataModule):
         """Optimizer steps in one epoch on one process (the last batch may be partial)."""
         return -(-len(self.train_set) // self.batch_size)
 
+    def train_size(self) -> int:
+        """Images in the training split (the training file less ``val_size``)."""
+        self.setup("fit")
+        return len(self.train_set)
+
     def prepare_data(self) -> None:
         ensure_mnist(self.data_dir, self.download)
 

@@ -14,14 +14,21 @@ from lightning.pytorch.callbacks import Callback
 
 from project.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
 from project.callbacks import EpochStats
-from project.checkpointing import find_checkpoint, read_checkpoint
+from project.checkpointing import LastCheckpoint, read_checkpoint
 from project.config import RunConfig
 from project.console import quiet_known_warnings
 from project.cuda_graphs import check_cuda_graphs
 from project.datamodule import MNISTDataModule
-from project.devices import peak_memory_mb, release_cuda_cache, resolve_accelerator, resolve_hardware
+from project.devices import (
+    expected_world_size,
+    peak_memory_mb,
+    release_cuda_cache,
+    resolve_accelerator,
+    resolve_hardware,
+)
 from project.errors import Terminated, UserError
 from project.export import save_program, save_weights
+from project.resume import checkpoint_to_resume
 from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
 from project.steps_per_call import plan_steps
 from project.tensorboard_figures import TensorBoardFigures
@@ -91,11 +98,12 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
     config = resolve_hardware(config)
     L.seed_everything(config.seed, workers=True, verbose=False)
     check_outputs_writable(config)
-    ckpt_path = checkpoint_to_resume(config)
     if datamodule is None:
         datamodule = build_datamodule(config)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
+    ckpt_path = checkpoint_to_resume(config, datamodule.train_size() if config.resume else None,
+                                     expected_world_size(config))
     steps_per_call, steps_reason = plan_steps(config, datamodule)
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
@@ -129,26 +137,19 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
     return result
 
 
-def checkpoint_to_resume(config: RunConfig) -> str | None:
-    """The checkpoint ``--resume`` names, read now: a corrupt file or another model is one line, before training."""
-    if not config.resume:
-        return None
-    path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
-    saved = read_checkpoint(path)["hyper_parameters"].get("hidden")
-    if saved is not None and list(saved) != list(config.hidden):
-        raise UserError(f"the checkpoint has hidden sizes {saved}, this run asks for {config.hidden}; "
-                        f"resume with --hidden {','.join(map(str, saved))}")
-    return str(path)
-
-
 def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
-    """Best and last checkpoint paths, and the best ``val/acc`` (None and NaN when nothing was saved)."""
-    callbacks = trainer.checkpoint_callbacks
-    if len(callbacks) < 2 or not callbacks[0].best_model_path:
-        return None, None, math.nan
-    best, last = callbacks[0], callbacks[1]
+    """Best and last checkpoint paths, and the best ``val/acc`` (None and NaN where nothing was saved)."""
+    last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+    best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
+    last_path = last.best_model_path or None if last else None
+    if best is None or not best.best_model_path:
+        return None, last_path, math.nan
     score = best.best_model_score
-    return best.best_model_path, last.best_model_path, float(score) if score is not None else math.nan
+    if score is None:  # ddp_spawn: the workers hand back the best path but not its score
+        state = read_checkpoint(best.best_model_path).get("callbacks", {})
+        score = next((s["best_model_score"] for s in state.values()
+                      if isinstance(s, dict) and s.get("best_model_path") == best.best_model_path), None)
+    return best.best_model_path, last_path, float(score) if score is not None else math.nan
 
 
 def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:

@@ -121,3 +121,11 @@ def count_or_auto(value: Any) -> int | str:
 
 def integer(value: Any) -> int:
     return int(_number(value, int))
+
+
+def top_k(value: Any) -> int:
+    """A count of checkpoints to keep, or -1 for all (Lightning's ``save_top_k``)."""
+    number = _number(value, int)
+    if number < -1:
+        raise ValueError(f"must be -1 (all), 0 or more, got {value}")
+    return number

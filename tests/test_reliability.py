@@ -17,7 +17,8 @@ from helpers import RAW_NAMES, TINY, TRAIN, make_tiny_mnist, one_line_error, run
 from project.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.datamodule import MNISTDataModule
 from project.errors import CheckpointError, MNISTDataError, UsageError, run_cli
-from project.run import checkpoint_to_resume, train
+from project.resume import checkpoint_to_resume
+from project.run import train
 from project.run_files import check_outputs_writable
 
 TRAIN_IMAGES = RAW_NAMES[(True, "images")]

@@ -1,0 +1,83 @@
+"""Early stopping, top-k checkpoints, cosine with warm-up, and resume refusals that write nothing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_config, tiny_run
+from project.config import RunConfig
+from project.errors import UsageError, UserError
+from project.lit_module import WarmupCosine, default_warmup
+from project.run import train
+
+STEPS_PER_EPOCH = 7  # 200 tiny training images in batches of 32
+
+
+def schedule(total: int, warmup: int) -> list[float]:
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = WarmupCosine(optimizer, total, warmup)
+    lrs = []
+    for _ in range(total):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def test_cosine_warms_up_linearly_then_decays_to_zero() -> None:
+    lrs = schedule(total=100, warmup=10)
+    assert lrs[:10] == pytest.approx([(i + 1) / 11 for i in range(10)])
+    assert lrs[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lrs[55] == pytest.approx(0.5 * (1 + math.cos(math.pi * 45 / 90)))
+    assert lrs[-1] < 1e-3
+    assert default_warmup(1000) == 50 and default_warmup(3) == 1
+
+
+def test_warmup_steps_only_with_cosine() -> None:
+    with pytest.raises(UsageError, match="--warmup-steps applies to --scheduler cosine, not onecycle"):
+        RunConfig(warmup_steps=5)
+
+
+def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_mnist: Path, tmp_path: Path) -> None:
+    config = tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=2, scheduler="cosine", warmup_steps=3,
+                         steps_per_call=1)
+    result = train(config, test=False)
+    state = torch.load(result.last_checkpoint, weights_only=True)["lr_schedulers"][0]
+    assert (state["total_steps"], state["warmup_steps"], state["last_epoch"]) == (14, 3, 14)
+    assert state["_last_lr"][0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_save_top_k_keeps_that_many_best_checkpoints(tiny_mnist: Path, tmp_path: Path) -> None:
+    result = train(tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=3, save_top_k=-1), test=False)
+    kept = sorted(p.name for p in Path(result.best_checkpoint).parent.glob("best-*.ckpt"))
+    assert len(kept) == 3 and [name[:12] for name in kept] == ["best-epoch00", "best-epoch01", "best-epoch02"]
+
+
+def test_early_stopping_ends_a_run_that_stopped_improving(tiny_mnist: Path, tmp_path: Path) -> None:
+    # An LR this small leaves val/acc where the first epoch put it: no improvement after it.
+    config = tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=20, lr=1e-12, scheduler="none",
+                         early_stopping=2)
+    result = train(config, test=False)
+    assert result.optimizer_steps == 3 * STEPS_PER_EPOCH
+
+
+def test_resume_with_another_schedule_length_is_refused_before_anything_is_written(
+        tiny_mnist: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    train(tiny_config(tiny_mnist, logs, max_epochs=1), test=False)
+    before = sorted(p.relative_to(logs) for p in logs.rglob("*"))
+    with pytest.raises(UserError, match="the checkpoint's LR schedule spans 7 steps but these settings give 14"):
+        train(tiny_config(tiny_mnist, logs, max_epochs=2, resume="last"))
+    assert sorted(p.relative_to(logs) for p in logs.rglob("*")) == before
+
+    done = tiny_run(tiny_mnist, logs, "--max-epochs", "2", "--resume", "last")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "train.py: error: the checkpoint's LR schedule spans 7 steps but these settings give 14; resume with "
+        "the same --max-epochs and --batch-size (or train with --scheduler none)"]
+    assert sorted(p.relative_to(logs) for p in logs.rglob("*")) == before
