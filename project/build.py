@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from project.callbacks import EpochStats, FiniteLossGuard, GpuMemoryFraction, ScheduleResumeCheck
+from project.callbacks import EpochLines, EpochStats, FiniteLossGuard, GpuMemoryFraction, ScheduleResumeCheck
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
@@ -85,8 +86,10 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     callbacks: list[Callback] = [FiniteLossGuard(), ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
-    if config.trainer.get("enable_progress_bar", True):
+    if animated_progress(config):
         callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else TQDMProgressBar(refresh_rate=25))
+    elif "enable_progress_bar" not in config.trainer:
+        callbacks.append(EpochLines())
     if config.fast_dev_run:
         return callbacks
     if config.trainer.get("enable_checkpointing", True):
@@ -127,10 +130,16 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version
         callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
         log_every_n_steps=config.log_every_n_steps,
         enable_model_summary=False,
+        enable_progress_bar=animated_progress(config),
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
         plugins=[AtomicCheckpointIO()],
     )
     return L.Trainer(**{**settings, **config.trainer})
+
+
+def animated_progress(config: RunConfig) -> bool:
+    """The animated bar where someone watches stderr; piped or redirected, one line per epoch instead."""
+    return bool(config.trainer.get("enable_progress_bar", sys.stderr.isatty()))
 
 
 def global_batch(trainer: L.Trainer, batch_size: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -62,6 +63,30 @@ class EpochStats(Callback):
             "perf/samples_per_s": self._samples * trainer.world_size / elapsed,
             "perf/peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
         }
+
+
+class EpochLines(Callback):
+    """One plain line per epoch on stderr, in place of the animated bar when nobody watches it."""
+
+    KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        seconds = time.perf_counter() - self._start
+        metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key in self.KEYS}
+        train_acc = getattr(pl_module, "train_acc", None)
+        if train_acc is not None and train_acc.update_count:
+            # The module logs it after this hook; compute() is cached, so it is not computed twice.
+            metrics["train/acc"] = float(train_acc.compute())
+        if trainer.is_global_zero:
+            values = "".join(f"  {key} {metrics[key]:.4f}" for key in self.KEYS if key in metrics)
+            print(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}{values}  "
+                  f"{seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 class GpuMemoryFraction(Callback):

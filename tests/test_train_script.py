@@ -1,6 +1,7 @@
 """``scripts/train.py`` as a user runs it (a fresh process, real Trainer, real files), and ``train()`` itself."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -22,6 +23,17 @@ def test_fast_dev_run_exits_zero_and_prints_the_summary_on_stdout(tiny_mnist, tm
     assert 0.0 <= float(summary_value(done.stdout, "test/acc")) <= 1.0
     assert "test/acc" not in done.stderr  # results go to stdout, progress to stderr
     assert not (tmp_path / "logs").exists()  # fast_dev_run writes no logs or checkpoints
+
+
+def test_piped_progress_is_one_plain_line_per_epoch(trained):
+    """Not a terminal: no animated bar (no carriage returns), one line per epoch on stderr."""
+    assert "\r" not in trained["stderr"] and "\r" not in trained["output"]
+    lines = [line for line in trained["stderr"].splitlines() if line.startswith("epoch ")]
+    assert [line.split("  ")[:2] for line in lines] == [["epoch 1/2", "step 7"], ["epoch 2/2", "step 14"]]
+    for line in lines:
+        assert re.fullmatch(r"epoch \d/2  step \d+  train/loss [\d.]+  train/acc [\d.]+  val/loss [\d.]+  "
+                            r"val/acc [\d.]+  [\d.]+ s", line), line
+    assert "epoch " not in trained["output"]
 
 
 def test_a_run_writes_scalars_checkpoints_weights_and_real_hparams(trained):
