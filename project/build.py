@@ -19,7 +19,14 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from project.callbacks import EpochLines, EpochStats, FiniteLossGuard, GpuMemoryFraction, ScheduleResumeCheck
+from project.callbacks import (
+    EpochLines,
+    EpochStats,
+    FiniteLossGuard,
+    GpuMemoryFraction,
+    QuietWarnings,
+    ScheduleResumeCheck,
+)
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
@@ -83,7 +90,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [FiniteLossGuard(), ScheduleResumeCheck(), SharedStepCount()]
+    callbacks: list[Callback] = [QuietWarnings(), FiniteLossGuard(), ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if animated_progress(config):

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from project.console import quiet_known_warnings
 from project.devices import peak_memory_mb
 from project.errors import NonFiniteLossError
 from project.resume import check_schedule_length
@@ -87,6 +88,13 @@ class EpochLines(Callback):
             values = "".join(f"  {key} {metrics[key]:.4f}" for key in self.KEYS if key in metrics)
             print(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}{values}  "
                   f"{seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+class QuietWarnings(Callback):
+    """The template's warning filters in every process: ``ddp_spawn`` workers start fresh interpreters."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        quiet_known_warnings()
 
 
 class GpuMemoryFraction(Callback):

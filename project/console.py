@@ -14,6 +14,7 @@ QUIET_WARNINGS = (
     r".*is smaller than the logging interval.*",
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
     r".*Using ModelCheckpoint with manual optimization and every_n_train_steps.*",
+    r".*torch\.distributed\.nn\.functional\.all_gather is deprecated.*",  # inside Lightning's all_gather
 )
 # Advertising, and the tuner's note on reloading its own temporary checkpoint.
 QUIET_LOG_PREFIXES = ("💡 Tip:", "`weights_only` was not set")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from project.checkpointing import find_checkpoint, read_checkpoint
 from project.config import RunConfig
 from project.errors import UserError
+from project.plan import planned_steps
 
 
 def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> str | None:
@@ -34,18 +33,3 @@ def check_schedule_length(saved_total: int, planned: int) -> None:
             f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
             "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
         )
-
-
-def planned_steps(config: RunConfig, train_size: int, world_size: int) -> int:
-    """Optimizer steps a fit of ``config`` takes, by Lightning's rules (limits, accumulation, max_steps)."""
-    trainer: dict[str, Any] = config.trainer
-    per_rank = -(-train_size // world_size)  # the distributed sampler pads every rank to the same length
-    batches = -(-per_rank // config.batch_size)
-    limit = trainer.get("limit_train_batches")
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        batches = min(batches, limit)
-    elif isinstance(limit, float):
-        batches = int(batches * limit)
-    steps = -(-batches // int(trainer.get("accumulate_grad_batches", 1))) * config.max_epochs
-    max_steps = trainer.get("max_steps", -1)
-    return min(steps, max_steps) if max_steps not in (None, -1) else steps

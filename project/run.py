@@ -26,8 +26,9 @@ from project.devices import (
     resolve_accelerator,
     resolve_hardware,
 )
-from project.errors import Terminated, UserError
+from project.errors import Terminated, UsageError, UserError
 from project.export import save_program, save_weights
+from project.plan import train_batches
 from project.resume import checkpoint_to_resume
 from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
 from project.steps_per_call import plan_steps
@@ -102,8 +103,9 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         datamodule = build_datamodule(config)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
-    ckpt_path = checkpoint_to_resume(config, datamodule.train_size() if config.resume else None,
-                                     expected_world_size(config))
+    train_size, world_size = datamodule.train_size(), expected_world_size(config)
+    train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
+    ckpt_path = checkpoint_to_resume(config, train_size, world_size)
     steps_per_call, steps_reason = plan_steps(config, datamodule)
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
@@ -141,7 +143,9 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
     """Best and last checkpoint paths, and the best ``val/acc`` (None and NaN where nothing was saved)."""
     last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
     best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
-    last_path = last.best_model_path or None if last else None
+    last_path = last.best_model_path if last else None
+    if last and not last_path and (run_dir(trainer) / "checkpoints" / "last.ckpt").is_file():
+        last_path = str(run_dir(trainer) / "checkpoints" / "last.ckpt")  # ddp_spawn keeps it in the workers
     if best is None or not best.best_model_path:
         return None, last_path, math.nan
     score = best.best_model_score
@@ -179,10 +183,13 @@ def reported_failures() -> Iterator[None]:
 
     Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
     """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     try:
         yield
+    except MisconfigurationException as err:  # Lightning's word on a setting (often a --trainer. one)
+        raise UsageError(str(err).splitlines()[0]) from None
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
     except torch.OutOfMemoryError as err:

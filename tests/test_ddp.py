@@ -6,11 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 
 from helpers import TINY, TRAIN, free_port, make_tiny_mnist, run_script
+from project.checkpointing import read_weights
 from project.config import RunConfig
 from project.datamodule import MNISTDataModule
 from project.devices import resolve_hardware
@@ -99,6 +102,41 @@ def test_a_killed_rank_ends_the_job_within_60_seconds(tiny_mnist, tmp_path):
         proc.kill()
     assert time.monotonic() - killed_at < 60
     assert proc.returncode != 0
+
+
+@pytest.mark.slow
+def test_ddp_spawn_reports_and_writes_what_ddp_does(tiny_mnist, tmp_path):
+    """Spawned workers hand back only weights and the best path: the score, last.ckpt and summary still follow."""
+    done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / "logs"), *TINY,
+                      "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_spawn", "--max-epochs", "2",
+                      timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    results = json.loads((run / "results.json").read_text())
+    assert results["world_size"] == 2
+    assert results["last_checkpoint"] == str(run / "checkpoints" / "last.ckpt")
+    assert Path(results["last_checkpoint"]).is_file() and Path(results["best_checkpoint"]).is_file()
+    assert results["val/acc_best"] == pytest.approx(float(results["best_checkpoint"].split("acc")[-1][:6]), abs=1e-4)
+    assert f"(val/acc {results['val/acc_best']:.4f})" in done.stdout
+    assert results["test/acc"] == pytest.approx(single_process_test_accuracy(results["best_checkpoint"], tiny_mnist),
+                                                abs=1e-6)
+    assert len(read_weights(run / "model.pth")) == 4
+    assert "Warning" not in done.stderr and "deprecated" not in done.stderr  # the filters reach spawned workers
+
+
+@pytest.mark.slow
+def test_fractional_limits_on_two_ranks(real_data_dir, tmp_path):
+    """The peer template's smoke flags, under DDP with unused-parameter detection, on real MNIST."""
+    done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(tmp_path / "logs"),
+                      "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_find_unused_parameters_true",
+                      "--max-epochs", "1", "--trainer.limit_train_batches", "0.01",
+                      "--trainer.limit_val_batches", "0.1", "--trainer.limit_test_batches", "0.1", timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "limit_val_batches=0.1: val batches of 250 images (not 1000)" in done.stderr
+    assert "limit_test_batches=0.1: test batches of 500 images (not 1000)" in done.stderr
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1  # 0.01 of 108
+    assert 0 < json.loads((run / "results.json").read_text())["test/acc"] <= 1
 
 
 INVALID = [

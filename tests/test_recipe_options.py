@@ -12,6 +12,7 @@ from helpers import tiny_config, tiny_run
 from project.config import RunConfig
 from project.errors import UsageError, UserError
 from project.lit_module import WarmupCosine, default_warmup
+from project.plan import planned_steps, train_batches
 from project.run import train
 
 STEPS_PER_EPOCH = 7  # 200 tiny training images in batches of 32
@@ -81,3 +82,12 @@ def test_resume_with_another_schedule_length_is_refused_before_anything_is_writt
         "train.py: error: the checkpoint's LR schedule spans 7 steps but these settings give 14; resume with "
         "the same --max-epochs and --batch-size (or train with --scheduler none)"]
     assert sorted(p.relative_to(logs) for p in logs.rglob("*")) == before
+
+
+def test_planned_steps_follow_lightnings_rules_and_an_empty_limit_is_refused() -> None:
+    assert planned_steps(RunConfig(batch_size=32, max_epochs=3), 200, 1) == 21
+    limited = RunConfig(batch_size=32, max_epochs=3, trainer={"limit_train_batches": 0.5, "accumulate_grad_batches": 2})
+    assert planned_steps(limited, 200, 2) == 3  # 100 per rank: 4 batches, 2 kept, 1 step
+    assert planned_steps(RunConfig(batch_size=32, trainer={"max_steps": 5}), 200, 1) == 5
+    with pytest.raises(UsageError, match="0.01 of 7 batches per epoch is none; use at least 0.143"):
+        train_batches(RunConfig(batch_size=32, trainer={"limit_train_batches": 0.01}), 200, 1)
