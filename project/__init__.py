@@ -14,3 +14,4 @@ EVAL_BATCH_SIZE = 1000  # evaluation holds no gradients: big batches, few steps
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "onecycle", "cosine")
 LOADERS = ("memory", "torchvision")
+SWEEP_SAMPLERS = ("tpe", "random", "grid")

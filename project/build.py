@@ -54,7 +54,7 @@ def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
     return model
 
 
-def build_loggers(config: RunConfig, version: str | None = None) -> list[Logger]:
+def build_loggers(config: RunConfig) -> list[Logger]:
     """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
     names = [n.strip() for n in config.logger.split(",") if n.strip()]
     unknown = [n for n in names if n not in LOGGERS]
@@ -64,6 +64,7 @@ def build_loggers(config: RunConfig, version: str | None = None) -> list[Logger]
         if name in names and importlib.util.find_spec(name) is None:
             raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
     loggers: list[Logger] = []
+    version = config.run_version
     for name in names:
         if name == "tensorboard":
             logger: Logger = TensorBoardLogger(config.logdir, name=config.name, version=version,
@@ -117,7 +118,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     return callbacks
 
 
-def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version: str | None = None,
+def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
                   steps_per_epoch: int | None = None) -> L.Trainer:
     """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks.
 
@@ -133,7 +134,7 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), version
         deterministic=config.deterministic,
         detect_anomaly=config.detect_anomaly,
         fast_dev_run=config.fast_dev_run,
-        logger=False if config.fast_dev_run else build_loggers(config, version),
+        logger=False if config.fast_dev_run else build_loggers(config),
         callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
         log_every_n_steps=config.log_every_n_steps,
         enable_model_summary=False,

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from project import __version__
+from project import SWEEP_SAMPLERS, __version__
 from project.config import ACCELERATORS, PRECISIONS, RunConfig, load_yaml, resolve_config
 from project.errors import UsageError
 from project.validators import flag, one_of, positive_int
@@ -155,7 +155,9 @@ def parse_sweep_args(description: str | None) -> argparse.Namespace:
     parser.add_argument("--storage", default="sqlite:///sweeps.db", help="any SQLAlchemy URL")
     parser.add_argument("--study-name", default="mnist-sweep")
     parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
-    parser.add_argument("--sampler-seed", type=int, help="seed Optuna's TPE sampler")
+    parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,
+                        help="Optuna's TPE, random search, or a grid that runs each combination once")
+    parser.add_argument("--sampler-seed", type=int, help="seed Optuna's sampler")
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
     parser.add_argument("--val-size", type=argparse_type(positive_int), default=5000)

@@ -107,6 +107,8 @@ class RunConfig:
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
     logger: str = setting("tensorboard", text, "tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
     name: str = setting("mnist", text, "experiment name")
+    run_version: str | None = setting(None, optional(text), "the run folder's name under LOGDIR/NAME (default: "
+                                  "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
     resume: str | None = setting(None, optional(text), "checkpoint to continue from; 'last' = newest run's "
                                  "last.ckpt", saved=False, metavar="CKPT|last")

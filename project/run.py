@@ -87,11 +87,11 @@ class RunResult:
 
 
 def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callbacks: Sequence[Callback] = (),
-          version: str | None = None, test: bool = True, figures_in_background: bool = False) -> RunResult:
+          test: bool = True, figures_in_background: bool = False) -> RunResult:
     """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
 
     ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
-    the template's, ``version`` names the run folder, ``test=False`` stops after fitting.
+    the template's, ``test=False`` stops after fitting.
     ``figures_in_background`` returns while the test figures are still being drawn (a second
     or two of matplotlib); the interpreter waits for them before it exits.
     """
@@ -109,7 +109,7 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
     steps_per_call, steps_reason = plan_steps(config, datamodule)
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
-    trainer = build_trainer(config, callbacks, version,
+    trainer = build_trainer(config, callbacks,
                             steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
     config = tune(trainer, model, datamodule, config)
     log_run_text(trainer, config)

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.build import run_dir
 from project.config import RunConfig
@@ -23,6 +24,11 @@ def check_outputs_writable(config: RunConfig) -> None:
     if config.fast_dev_run:
         return
     _check_writable_dir(Path(config.logdir), "--logdir")
+    named = Path(config.logdir) / config.name / (config.run_version or "")
+    # Other ranks start after rank 0 has made the folder.
+    if config.run_version and named.exists() and rank_zero_only.rank == 0:
+        raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
+                         "choose another")
     exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
     for flag, value, example in exports:
         if not value:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -18,11 +22,12 @@ from project.build import build_datamodule
 from project.config import RunConfig, load_yaml, resolve_config
 from project.console import quiet_lightning_info
 from project.datamodule import MNISTDataModule
-from project.errors import NonFiniteLossError, UsageError
-from project.figures import pyplot
+from project.devices import expected_world_size
+from project.errors import NonFiniteLossError, UsageError, UserError
 from project.run import train
 
 TYPES = ("float", "int", "categorical")
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
 
 def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -110,20 +115,42 @@ def prepare(args: argparse.Namespace) -> tuple[optuna.Study, Objective]:
     """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run."""
     fixed, params = load_space(args.space)
     quiet()
-    study = open_study(args.study_name, args.storage, args.pruner, args.sampler_seed)
+    study = open_study(args.study_name, args.storage, args.pruner, args.sampler_seed, args.sampler, params)
     folder = Path(args.logdir) / "sweeps" / args.study_name
     base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
             "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
     return study, Objective(fixed, params, base, folder)
 
 
-def open_study(name: str, storage: str, pruner: str, sampler_seed: int | None) -> optuna.Study:
+def open_study(name: str, storage: str, pruner: str, sampler_seed: int | None, sampler: str = "tpe",
+               params: dict[str, dict[str, Any]] | None = None) -> optuna.Study:
     """The named study in ``storage``, created on first use and resumed after."""
     pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
                "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
+    samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=sampler_seed),
+                "random": lambda: optuna.samplers.RandomSampler(seed=sampler_seed),
+                "grid": lambda: optuna.samplers.GridSampler(grid(params or {}), seed=sampler_seed)}
     return optuna.create_study(study_name=name, storage=storage_for(storage), direction="maximize",
-                               load_if_exists=True, pruner=pruners[pruner](),
-                               sampler=optuna.samplers.TPESampler(seed=sampler_seed))
+                               load_if_exists=True, pruner=pruners[pruner](), sampler=samplers[sampler]())
+
+
+def grid(params: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every value each parameter takes in a grid search: its choices, or its range in steps."""
+    values: dict[str, list[Any]] = {}
+    for key, spec in params.items():
+        if spec["type"] == "categorical":
+            values[key] = list(spec["choices"])
+        elif spec.get("step") is None and spec["type"] == "float":
+            raise UsageError(f"--sampler grid: params.{key} needs 'choices' or a 'step' to be a grid")
+        else:
+            step, low, high = spec.get("step", 1), spec["low"], spec["high"]
+            count = int(round((high - low) / step)) + 1
+            values[key] = [low + i * step for i in range(count) if low + i * step <= high + 1e-12]
+    return values
+
+
+def grid_size(params: dict[str, dict[str, Any]]) -> int:
+    return math.prod(len(v) for v in grid(params).values())
 
 
 class Objective:
@@ -138,24 +165,48 @@ class Objective:
         return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")])
 
     def __call__(self, trial: optuna.Trial) -> float:
-        config = self.trial_config(suggest(trial, self.params))
+        config = self.trial_config(suggest(trial, self.params)).replace(run_version=f"trial_{trial.number:03d}")
         started = time.perf_counter()
-        if self.datamodule is None:
-            self.datamodule = build_datamodule(config)
         pruning = PruneOnValAcc(trial)
         try:
-            result = train(config, datamodule=self.datamodule, callbacks=[pruning],
-                           version=f"trial_{trial.number:03d}", test=False)
+            if expected_world_size(config) > 1:
+                best_val = train_in_own_process(config)
+            else:
+                if self.datamodule is None:
+                    self.datamodule = build_datamodule(config)
+                best_val = train(config, datamodule=self.datamodule, callbacks=[pruning], test=False).best_val
         except NonFiniteLossError as err:
             trial.set_user_attr("diverged", str(err))
             print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)
             raise optuna.TrialPruned() from None
         seconds = time.perf_counter() - started
-        state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {result.best_val:.4f}"
+        state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
         print(f"trial {trial.number}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
         if pruning.pruned:
             raise optuna.TrialPruned()
-        return result.best_val
+        return best_val
+
+
+def train_in_own_process(config: RunConfig) -> float:
+    """A trial on several devices runs as its own ``train.py``, and its ``results.json`` reports back.
+
+    DDP starts its other ranks by running the current command again: that must be the trial's
+    training run, not the whole sweep. Such trials are not pruned (they report only at the end).
+    """
+    run = Path(config.logdir) / config.name / str(config.run_version)
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = Path(scratch) / "trial.yaml"
+        spec.write_text(yaml.safe_dump({**config.to_mapping(), "fast_dev_run": config.fast_dev_run}))
+        done = subprocess.run([sys.executable, str(TRAIN_SCRIPT), "--config", str(spec), "--run-version",
+                               str(config.run_version)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("train.py: error: ")
+        if "became non-finite" in last:
+            raise NonFiniteLossError(last)
+        raise UserError(f"trial {config.run_version} (train.py --config, {config.devices} devices) failed: {last}")
+    if config.fast_dev_run:  # writes no files
+        return math.nan
+    return float(json.loads((run / "results.json").read_text())["val/acc_best"])
 
 
 def quiet() -> None:
@@ -163,53 +214,4 @@ def quiet() -> None:
     quiet_lightning_info()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
-    """Best-trials table, ``best.yaml`` for ``train.py --config``, history and importance plots."""
-    folder.mkdir(parents=True, exist_ok=True)
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    counts = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
-    lines = [f"study {study.study_name}: {len(study.trials)} trials "
-             f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})"]
-    if not done:
-        return "\n".join(lines + ["no trial completed yet"])
-    best = sorted(done, key=lambda t: t.value, reverse=True)[:top]
-    keys = sorted({k for t in best for k in t.params})
-    lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
-    lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
-              for t in best]
-    best_config = resolve_config([(fixed, "fixed"), (best[0].params, "params")])
-    config = {k: v for k, v in best_config.to_mapping().items() if k not in ("data_dir", "logdir", "name")}
-    (folder / "best.yaml").write_text(
-        f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"
-        + yaml.safe_dump(config, sort_keys=False))
-    lines += ["", f"best config  {folder / 'best.yaml'}  (train.py --config {folder / 'best.yaml'})"]
-    lines += _plots(study, folder)
-    (folder / "best_trials.md").write_text("\n".join(lines) + "\n")
-    return "\n".join(lines)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) and not math.isnan(value) else str(value)
-
-
-def _plots(study: optuna.Study, folder: Path) -> list[str]:
-    plt = pyplot()
-    from optuna.visualization import matplotlib as optuna_plots
-
-    written = []
-    for name, plot in (("history", optuna_plots.plot_optimization_history),
-                       ("importance", optuna_plots.plot_param_importances)):
-        try:
-            axes = plot(study)
-        except (ValueError, RuntimeError) as err:  # e.g. importance needs two completed trials
-            written.append(f"{name} plot skipped: {str(err).splitlines()[0]}")
-            continue
-        figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
-        figure.set_size_inches(8, 4.5)
-        figure.tight_layout()
-        figure.savefig(folder / f"{name}.png", dpi=110)
-        plt.close(figure)
-        written.append(f"{name} plot  {folder / f'{name}.png'}")
-    return written
+    warnings.filterwarnings("ignore", message="Target and region quantiles select the same set")  # importance plot

@@ -18,13 +18,13 @@ from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import sweep
+    from project import sweep, sweep_report
 
     study, objective = sweep.prepare(args)
-    print(f"study {args.study_name} in {args.storage}: {len(study.trials)} trials so far; running {args.n_trials} more",
-          flush=True)
+    print(f"study {args.study_name} in {args.storage}: {len(study.trials)} trials so far; running {args.n_trials} more"
+          + (f" (grid of {sweep.grid_size(objective.params)})" if args.sampler == "grid" else ""), flush=True)
     study.optimize(objective, n_trials=args.n_trials)
-    print(sweep.report(study, objective.fixed, objective.folder))
+    print(sweep_report.report(study, objective.fixed, objective.folder))
     return 0
 
 

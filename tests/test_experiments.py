@@ -2,6 +2,7 @@
 
 import csv
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from project.build import build_loggers
 from project.config import RunConfig
 from project.errors import UsageError
 from project.run import train
-from project.sweep import Objective, load_space, open_study
+from project.sweep import Objective, grid, load_space, open_study
 
 SWEEP = str(ROOT / "scripts" / "sweep.py")
 
@@ -131,9 +132,46 @@ SPACES = [
 def test_bad_search_spaces_name_the_key(tmp_path, space, message):
     path = tmp_path / "space.yaml"
     path.write_text(space)
-    with pytest.raises(UsageError, match="") as err:
+    with pytest.raises(UsageError) as err:
         load_space(path)
     assert message in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_mnist, tmp_path):
+    """Trials on 2 devices run as their own train.py (DDP re-runs that command, not the sweep)."""
+    space = tmp_path / "space.yaml"
+    space.write_text("fixed:\n  scheduler: none\n  batch_size: 32\n  max_epochs: 1\n  accelerator: cpu\n"
+                     "params:\n  lr: {type: categorical, choices: [0.2, 0.05]}\n"
+                     "  devices: {type: int, low: 1, high: 2}\n")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 10, "--sampler", "grid"),
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 trials so far; running 10 more (grid of 4)" in done.stdout
+    study = optuna.load_study(study_name="mnist-sweep", storage=storage)
+    combinations = sorted((t.params["lr"], t.params["devices"]) for t in study.trials)
+    assert combinations == [(0.05, 1), (0.05, 2), (0.2, 1), (0.2, 2)]  # each once, then the grid stops
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    trials = tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials"
+    for trial in study.trials:
+        results = json.loads((trials / f"trial_{trial.number:03d}" / "results.json").read_text()) \
+            if trial.params["devices"] == 2 else None
+        if results is not None:
+            assert results["world_size"] == 2 and results["val/acc_best"] == pytest.approx(trial.value)
+    assert sorted(p.name for p in trials.iterdir()) == [f"trial_{n:03d}" for n in range(4)]
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr
+
+
+def test_grid_values_come_from_choices_or_steps():
+    params = {"optimizer": {"type": "categorical", "choices": ["sgd", "adamw"]},
+              "max_epochs": {"type": "int", "low": 2, "high": 6, "step": 2},
+              "lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}}
+    values = grid(params)
+    assert values["optimizer"] == ["sgd", "adamw"] and values["max_epochs"] == [2, 4, 6]
+    assert values["lr"] == pytest.approx([0.1, 0.2, 0.3])
+    with pytest.raises(UsageError, match="params.momentum needs 'choices' or a 'step' to be a grid"):
+        grid({"momentum": {"type": "float", "low": 0.8, "high": 0.99}})
 
 
 def test_fast_dev_run_is_allowed_in_a_sweep(tmp_path):

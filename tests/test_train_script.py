@@ -105,3 +105,13 @@ def test_default_recipe_reaches_98_percent_and_model_pth_matches(default_run, re
     with torch.no_grad():
         accuracy = (article(images).argmax(1) == test.targets).float().mean().item()
     assert accuracy == pytest.approx(reported, abs=2e-4)
+
+
+def test_run_version_names_the_folder_and_never_reuses_one(tiny_mnist, tmp_path):
+    from project.errors import UsageError
+
+    config = tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=1, run_version="baseline")
+    result = train(config, test=False)
+    assert result.last_checkpoint == str(tmp_path / "logs" / "mnist" / "baseline" / "checkpoints" / "last.ckpt")
+    with pytest.raises(UsageError, match="--run-version baseline: .* exists; runs never share a folder"):
+        train(config)
