@@ -1,6 +1,7 @@
 """The article's FAQ as features: inspect devices, refuse impossible requests, tune, compile, guard."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from project.devices import resolve_hardware
 from project.errors import NonFiniteLossError, UsageError
 from project.gpu_info import collect
 from project.run import train
+from project.tuning import pick_lr
 
 NO_CUDA = not torch.cuda.is_available()
 CPU_ONLY = pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
@@ -64,20 +66,34 @@ def test_16_mixed_on_cpu_is_explained_and_scale_lr_uses_the_global_batch(shared_
 
 @pytest.mark.slow
 def test_tuner_flags_find_and_use_a_batch_size_and_an_lr(shared_tiny_mnist, tmp_path, caplog):
-    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", batch_size=8, max_epochs=1,
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", batch_size=1, max_epochs=1,
                                find_batch_size=True, find_lr=True))
     found = result.config.batch_size
-    assert found > 8
     assert f"global batch {found} = {found} per device" in result.summary()
-    # 200 training images: CPU memory never runs out, the finder stops at the data's size
-    assert f"batch-size finder: using --batch-size {found} (it stopped at the training set's size, 200" in caplog.text
+    # 200 training images: CPU memory never runs out; 100 steps per epoch allow a batch of 2
+    assert found == 2
+    assert ("batch-size finder: --batch-size 2 (stopped at 2, the largest that keeps 100 optimizer steps per "
+            "epoch; not a memory limit); lr 0.2 x sqrt(2/1) = 0.2828") in caplog.text
     lr = result.config.lr
-    assert f"LR finder: using lr {lr:g}" in caplog.text
+    assert re.search(rf"LR finder: loss within 15% of its lowest up to lr \S+; using {lr:.4g} for --scheduler "
+                     "onecycle", caplog.text), caplog.text
     assert lr > 0 and f"; lr {lr:g}" in result.summary()  # the summary shows the LR the run trained with
     assert (result.run_dir / "lr_find.png").stat().st_size > 1000
     assert not list((tmp_path / "logs").glob(".scale_batch_size_*"))  # the tuner cleaned up
     saved = result.config_file.read_text()
     assert f"batch_size: {found}" in saved and "find_lr: false" in saved  # --config repeats it without tuning
+
+
+def test_the_lr_finder_picks_a_share_of_where_the_loss_turns_up():
+    lrs = [10 ** (i / 10 - 4) for i in range(50)]  # 1e-4 .. ~8
+    # a descent, two shallow valleys (1.25 then 1.3, within 15%), then a climb
+    losses = [2.0 - 0.3 * i / 25 if i < 25 else 1.25 if i < 30 else 1.3 if i < 40 else 1.3 + (i - 39) for i in
+              range(50)]
+    losses[30] = float("nan")
+    edge, lr = pick_lr(lrs, losses, "onecycle")
+    assert edge == pytest.approx(lrs[39]) and lr == pytest.approx(lrs[39] / 4)
+    assert pick_lr(lrs, losses, "none")[1] == pytest.approx(lrs[39] / 10)
+    assert pick_lr(lrs, [float("inf")] * 50, "cosine") is None
 
 
 @pytest.mark.slow
