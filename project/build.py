@@ -24,6 +24,7 @@ from project.callbacks import (
     EpochStats,
     FiniteLossGuard,
     GpuMemoryFraction,
+    OneFailureEndsTheJob,
     QuietWarnings,
     ScheduleResumeCheck,
 )
@@ -91,7 +92,8 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [QuietWarnings(), FiniteLossGuard(), ScheduleResumeCheck(), SharedStepCount()]
+    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), FiniteLossGuard(), ScheduleResumeCheck(),
+                                 SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if animated_progress(config):

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import CheckpointError, NonFiniteLossError, UsageError
 
@@ -48,7 +49,8 @@ class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, every epoch and optionally every N steps.
 
     On SIGTERM, Ctrl-C or a crash it is written once more so that nothing trained is lost;
-    not when training diverged, so the last good state survives.
+    not when training diverged, so the last good state survives. Under DDP only SIGTERM (which
+    every rank acts on at the same step) writes it; otherwise the newest periodic one stands.
     """
 
     def __init__(self, every_n_train_steps: int | None = None) -> None:
@@ -63,8 +65,13 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, NonFiniteLossError):
-            super().on_exception(trainer, pl_module, exception)
+        if isinstance(exception, NonFiniteLossError):
+            return
+        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
+            # Only SIGTERM stops every rank at the same step. Anything else failed on this rank
+            # alone, and a save ends at a barrier the other ranks would never reach.
+            return
+        super().on_exception(trainer, pl_module, exception)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class RunConfig:
     weight_decay: float = setting(5e-4, non_negative_float, "", "recipe")
     scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
                              "per optimizer step", "recipe")
-    warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5% "
+    warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
                                        "of the run's steps)", "recipe", metavar="N")
     hidden: list[int] = setting([128], hidden_sizes, "hidden widths, e.g. 128 or 256,128", "recipe")
     scale_lr: bool = setting(False, flag, f"linear scaling rule: lr x global batch / {BASE_BATCH}", "recipe")

@@ -15,7 +15,7 @@ from torchvision import datasets, transforms
 from project import EVAL_BATCH_SIZE, LOADERS, MNIST_MEAN, MNIST_STD, NUM_CLASSES
 from project.errors import MNISTDataError
 from project.idx_files import ensure_mnist, label_problem, resolve_data_dir
-from project.samplers import EpochBatches, EpochShuffleSampler, EvalShardSampler, StepGroups
+from project.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -173,8 +173,9 @@ class MNISTDataModule(L.LightningDataModule):
             return DataLoader(dataset, batch_sampler=self._train_batches(len(dataset), dataset.targets.device),
                               collate_fn=keep_batch)
         sampler: Sampler | None = None
-        if shuffle:  # under DDP, Lightning puts a DistributedSampler (seeded by seed + epoch) in its place
-            sampler = self._train_sampler = EpochShuffleSampler(dataset, self.seed)
+        if shuffle:
+            sampler = self._train_sampler = (EpochShardSampler(dataset, world_size, rank, self.seed)
+                                             if world_size > 1 else EpochShuffleSampler(dataset, self.seed))
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
         elif world_size > 1:
@@ -238,11 +239,12 @@ class MNISTDataModule(L.LightningDataModule):
         if trainer is None or not trainer.training:
             return {}
         batches = self._train_sampler
+        position = {"epoch": trainer.current_epoch, "world_size": trainer.world_size}
         if isinstance(batches, EpochBatches):  # counted in optimizer steps, whichever K took them
             done = (trainer.global_step - batches.epoch_start_step) * trainer.accumulate_grad_batches
-            return {"epoch": trainer.current_epoch, "samples_done": min(done * self.batch_size, batches.size)}
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"epoch": trainer.current_epoch, "samples_done": done * self.batch_size}
+            return {**position, "samples_done": min(done * self.batch_size, batches.size)}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # on this rank, under DDP
+        return {**position, "samples_done": done * self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Lightning may restore this before or after it asks for the train loader: both work."""

@@ -19,6 +19,11 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     if saved is not None and list(saved) != list(config.hidden):
         raise UserError(f"the checkpoint has hidden sizes {saved}, this run asks for {config.hidden}; "
                         f"resume with --hidden {','.join(map(str, saved))}")
+    saved_world = checkpoint.get("MNISTDataModule", {}).get("world_size")
+    if saved_world is not None and saved_world != world_size:
+        raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
+                        "each rank's place in the epoch's data order depends on it: resume with the same "
+                        "--devices and --num-nodes")
     schedules = checkpoint.get("lr_schedulers") or [{}]
     total = schedules[0].get("total_steps")
     if total is not None and train_size is not None:

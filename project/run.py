@@ -197,3 +197,15 @@ def reported_failures() -> Iterator[None]:
         raise UserError(
             f"{first}; lower --batch-size, try --precision 16-mixed, or raise --gpu-memory-fraction"
         ) from None
+    except RuntimeError as err:
+        if not _peer_failed(err):
+            raise
+        raise UserError("another process of this DDP job failed (its error is above), so this one stopped too; "
+                        "the newest checkpoint is kept") from None
+
+
+def _peer_failed(err: RuntimeError) -> bool:
+    """A collective broke because another rank's process ended (gloo and NCCL say it differently)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or "remote worker crashing" in text or \
+        "Connection closed by peer" in text or "Connection reset by peer" in text

@@ -9,10 +9,8 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
 
 class EpochShuffleSampler(RandomSampler):
-    """A shuffle whose order depends only on ``seed`` and the epoch Lightning sets.
-
-    Subclassing ``RandomSampler`` tells Lightning the loader shuffles, so under DDP it swaps in
-    a ``DistributedSampler`` (also seeded by seed + epoch) that gives each rank a disjoint shard.
+    """A shuffle whose order depends only on ``seed`` and the epoch Lightning sets (one process;
+    ``EpochShardSampler`` is its DDP counterpart).
     """
 
     def __init__(self, data_source: Sequence, seed: int = 0) -> None:
@@ -99,6 +97,31 @@ class StepGroups(EpochBatches):
 
     def __len__(self) -> int:
         raise TypeError("the number of groups depends on where the epoch starts")
+
+
+class EpochShardSampler(DistributedSampler):
+    """This rank's shard of the epoch's shuffled order, resumable mid-epoch (DDP training).
+
+    The order is ``DistributedSampler``'s (a permutation seeded by seed + epoch, padded to a
+    multiple of the world size, every world-size-th index from this rank's offset), so it
+    depends only on seed, epoch and world size. Being a ``DistributedSampler``, Lightning keeps
+    it instead of putting its own in its place, so a resumed epoch skips exactly the samples
+    this rank already trained on.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self._resume_at: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, samples_done: int) -> None:
+        self._resume_at = (epoch, samples_done)
+
+    def __iter__(self) -> Iterator[int]:
+        shard = list(super().__iter__())
+        if self._resume_at is not None and self._resume_at[0] == self.epoch:
+            shard = shard[self._resume_at[1]:]
+        self._resume_at = None
+        return iter(shard)
 
 
 class EvalShardSampler(DistributedSampler):
