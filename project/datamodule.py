@@ -8,13 +8,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
 from torchvision import datasets, transforms
 
 from project import EVAL_BATCH_SIZE, LOADERS, MNIST_MEAN, MNIST_STD, NUM_CLASSES
 from project.errors import MNISTDataError
 from project.idx_files import ensure_mnist, label_problem, resolve_data_dir
+from project.plan import eval_batch_size
 from project.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
 
@@ -213,22 +213,11 @@ class MNISTDataModule(L.LightningDataModule):
         return self._loader("test_set", self._eval_batch_size("test", self.test_set), shuffle=False)
 
     def _eval_batch_size(self, stage: str, split: Dataset | None) -> int:
-        """Smaller batches where a fractional ``limit_{stage}_batches`` would otherwise cover none.
-
-        With 1000-image batches a rank's 2,500 validation images make 3 batches, and Lightning
-        refuses ``limit_val_batches=0.1`` (0.3 of a batch); 250-image batches make it one.
-        """
         trainer = getattr(self, "trainer", None)
-        limit = getattr(trainer, f"limit_{stage}_batches", 1.0) if trainer is not None else 1.0
-        if split is None or not isinstance(limit, float) or limit >= 1.0:
+        if split is None or trainer is None:
             return self.eval_batch_size
-        shard = -(-len(split) // trainer.world_size)
-        if limit * -(-shard // self.eval_batch_size) >= 1:
-            return self.eval_batch_size
-        smaller = max(1, int(limit * shard))
-        rank_zero_info(f"limit_{stage}_batches={limit}: {stage} batches of {smaller} images (not "
-                       f"{self.eval_batch_size}), so the limit covers {limit:.0%} of each rank's {shard}")
-        return smaller
+        return eval_batch_size(self.eval_batch_size, getattr(trainer, f"limit_{stage}_batches"), stage, len(split),
+                               trainer.world_size)
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()

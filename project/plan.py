@@ -1,4 +1,4 @@
-"""What a fit will do, worked out before it starts: batches per epoch and optimizer steps.
+"""What a fit will do, worked out from its settings: batches per epoch, optimizer steps, eval batches.
 
 Lightning learns these only inside ``fit()``, after the run folder exists; settings that
 cannot work are refused here instead, before anything is written.
@@ -7,6 +7,8 @@ cannot work are refused here instead, before anything is written.
 from __future__ import annotations
 
 from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
 
 from project.config import RunConfig
 from project.errors import UsageError
@@ -34,3 +36,20 @@ def planned_steps(config: RunConfig, train_size: int, world_size: int) -> int:
     steps = -(-batches // int(trainer.get("accumulate_grad_batches", 1))) * config.max_epochs
     max_steps = trainer.get("max_steps", -1)
     return min(steps, max_steps) if max_steps not in (None, -1) else steps
+
+
+def eval_batch_size(batch_size: int, limit: float | int, stage: str, split_size: int, world_size: int) -> int:
+    """Smaller evaluation batches where a fractional ``limit_{stage}_batches`` would cover none.
+
+    With 1000-image batches a rank's 2,500 validation images make 3 batches, and Lightning
+    refuses ``limit_val_batches=0.1`` (0.3 of a batch); 250-image batches make it one.
+    """
+    if not isinstance(limit, float) or limit >= 1.0:
+        return batch_size
+    shard = -(-split_size // world_size)
+    if limit * -(-shard // batch_size) >= 1:
+        return batch_size
+    smaller = max(1, int(limit * shard))
+    rank_zero_info(f"limit_{stage}_batches={limit}: {stage} batches of {smaller} images (not {batch_size}), so the "
+                   f"limit covers {limit:.0%} of each rank's {shard}")
+    return smaller
