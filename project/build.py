@@ -24,13 +24,13 @@ from project.callbacks import (
     EpochStats,
     FiniteLossGuard,
     GpuMemoryFraction,
-    OneFailureEndsTheJob,
     QuietWarnings,
     ScheduleResumeCheck,
 )
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
+from project.ddp_faults import OneFailureEndsTheJob, SigtermOnEveryRank
 from project.errors import UsageError
 from project.lit_module import LitMNIST
 from project.steps_per_call import SharedStepCount, StepProgressBar
@@ -92,8 +92,8 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), FiniteLossGuard(), ScheduleResumeCheck(),
-                                 SharedStepCount()]
+    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), SigtermOnEveryRank(), FiniteLossGuard(),
+                                 ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if animated_progress(config):

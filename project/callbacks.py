@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 from typing import Any
@@ -97,34 +95,6 @@ class QuietWarnings(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         quiet_known_warnings()
-
-
-class OneFailureEndsTheJob(Callback):
-    """Under DDP, an exception on any one rank ends every process within seconds, not at the
-    process group's 30-minute timeout.
-
-    The others would wait forever in their next all-reduce. Rank 0 (Lightning's launcher) kills
-    the ranks it started when it fails; when another rank fails, Lightning's child watcher in
-    rank 0 ends the job; and each started rank asks the kernel to kill it if rank 0 dies.
-    """
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.world_size > 1 and "LOCAL_RANK" in os.environ and sys.platform.startswith("linux"):
-            import ctypes
-
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-            if os.getppid() == 1:  # the launcher died before that took effect
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        launcher = trainer.strategy.launcher
-        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException) and \
-                isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            launcher.kill(signal.SIGKILL)
 
 
 class GpuMemoryFraction(Callback):

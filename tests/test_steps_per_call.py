@@ -113,7 +113,8 @@ def test_cuda_graphs_are_refused_where_they_cannot_be_the_same_training():
 def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
     _, uninterrupted = run(data, tmp_path / "full", written_with, checkpoint_every_n_steps=5, log_every_n_steps=50)
     middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
-    assert torch.load(middle, weights_only=True)["MNISTDataModule"] == {"epoch": 1, "samples_done": 8 * 32}
+    assert torch.load(middle, weights_only=True)["MNISTDataModule"] == {"epoch": 1, "samples_done": 8 * 32,
+                                                                         "world_size": 1}
     _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
                      resume=str(middle))
     assert_same_state(uninterrupted, resumed)
