@@ -119,6 +119,8 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         release_cuda_cache()
         # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
         best, last, best_val = checkpoint_paths(trainer)
+        if math.isnan(best_val) and "val/acc_best" in trainer.callback_metrics:  # no checkpoints (fast_dev_run)
+            best_val = float(trainer.callback_metrics["val/acc_best"])
         metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0] if test else {}
         release_cuda_cache()
     stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)

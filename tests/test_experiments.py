@@ -174,7 +174,15 @@ def test_grid_values_come_from_choices_or_steps():
         grid({"momentum": {"type": "float", "low": 0.8, "high": 0.99}})
 
 
-def test_fast_dev_run_is_allowed_in_a_sweep(tmp_path):
+def test_fast_dev_run_smoke_tests_a_sweep(tiny_mnist, tmp_path):
     path = tmp_path / "space.yaml"
-    path.write_text("fixed:\n  fast_dev_run: true\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n")
-    assert load_space(path)[0] == {"fast_dev_run": True}
+    path.write_text("fixed:\n  fast_dev_run: true\nparams:\n  lr: {type: categorical, choices: [0.2, 0.05]}\n")
+    fixed, params = load_space(path)
+    assert fixed == {"fast_dev_run": True}
+    folder = tmp_path / "logs" / "sweeps" / "smoke"
+    base = {"data_dir": str(tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+            "trainer": {"enable_progress_bar": False}}
+    study = open_study("smoke", f"sqlite:///{tmp_path / 'study.db'}", "none", 0, "grid", params)
+    study.optimize(Objective(fixed, params, base, folder), n_trials=5)
+    assert sorted(t.params["lr"] for t in study.trials) == [0.05, 0.2]  # the grid, once each
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and 0 <= t.value <= 1 for t in study.trials)

@@ -118,3 +118,13 @@ def test_compile_reduce_overhead_from_the_command_line(tiny_mnist, tmp_path):
                     "--compile", "reduce-overhead", timeout=600)
     assert done.returncode == 0, done.stderr
     assert float(summary_value(done.stdout, "test/acc")) > 0.5
+
+
+def test_fsdp_on_one_gpu_trains_tests_and_exports(tiny_mnist, tmp_path):
+    """The strategy refused on CPU works end to end where it belongs (unrun: no GPU where this was written)."""
+    done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--devices", "1", "--strategy", "fsdp",
+                    "--max-epochs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((tmp_path / "logs" / "mnist" / "version_0" / "results.json").read_text())
+    assert results["best_checkpoint"] and results["last_checkpoint"] and 0 < results["test/acc"] <= 1
+    assert float(summary_value(done.stdout, "test/acc")) == pytest.approx(results["test/acc"], abs=1e-4)
