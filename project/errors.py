@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -53,7 +54,9 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
     except UserError as err:
         if debug:
             traceback.print_exc()
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
+        if not (isinstance(err, Terminated) and os.environ.get("LOCAL_RANK", "0") != "0"):
+            print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
