@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker,
     so each session-wide run is trained once."""
     for item in items:
-        for fixture in ("default_run", "trained"):
+        for fixture in ("default_run", "trained", "uninterrupted_ddp"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
