@@ -135,3 +135,26 @@ def write_transformed_digits(data_dir: Path, out: Path, count: int = 200, seed: 
             canvas.convert("RGB").save(out / f"{name}.jpg", quality=90)
         labels[next(out.glob(f"{name}.*")).name] = int(test.targets[index])
     return labels
+
+
+def newest_last_checkpoint(logdir: Path) -> dict:
+    """The ``last.ckpt`` of the newest ``version_N`` run under ``logdir/mnist``."""
+    import torch
+
+    newest = max((logdir / "mnist").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def assert_same_training_state(a: dict, b: dict) -> None:
+    """Two checkpoints hold bitwise the same training: step, weights, optimizer, schedule, data position."""
+    import torch
+
+    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for state_a, state_b in zip(a["optimizer_states"][0]["state"].values(),
+                                b["optimizer_states"][0]["state"].values(), strict=True):
+        for name in state_a:
+            assert torch.equal(state_a[name], state_b[name]), name
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert a["MNISTDataModule"] == b["MNISTDataModule"]  # the same place in the epoch's data order

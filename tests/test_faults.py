@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, TRAIN, make_tiny_mnist, tiny_config
+from helpers import ROOT, TRAIN, assert_same_training_state, make_tiny_mnist, newest_last_checkpoint, tiny_config
 from project.checkpointing import read_checkpoint
 from project.errors import UserError
 from project.resume import checkpoint_to_resume
@@ -41,7 +41,7 @@ def uninterrupted_ddp(data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     logdir = tmp_path_factory.mktemp("reference")
     done = start(data, logdir, *DDP)
     assert done.wait(timeout=300) == 0, stderr_of(done)
-    return last_state(logdir)
+    return newest_last_checkpoint(logdir)
 
 
 def start(data: Path, logdir: Path, *extra: str, script: str = TRAIN, env: dict | None = None) -> subprocess.Popen:
@@ -59,27 +59,12 @@ def stderr_of(proc: subprocess.Popen) -> str:
     return proc.stderr_file.read()
 
 
-def last_state(logdir: Path) -> dict:
-    newest = max((logdir / "mnist").iterdir(), key=lambda p: int(p.name.split("_")[1]))
-    return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
-
-
 def saved_steps(logdir: Path) -> int:
     """The newest ``last.ckpt``'s step, or -1 before the first one."""
     try:
         return max(read_checkpoint(p)["global_step"] for p in logdir.rglob("last.ckpt"))
     except Exception:  # noqa: BLE001 - not written yet, or being replaced this instant
         return -1
-
-
-def assert_same_training_state(a: dict, b: dict) -> None:
-    assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"])
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    for buf_a, buf_b in zip(a["optimizer_states"][0]["state"].values(),
-                            b["optimizer_states"][0]["state"].values(), strict=True):
-        assert torch.equal(buf_a["momentum_buffer"], buf_b["momentum_buffer"])
-    assert a["lr_schedulers"] == b["lr_schedulers"]
 
 
 def job_ended(proc: subprocess.Popen, within: float) -> float:
@@ -95,13 +80,18 @@ def job_ended(proc: subprocess.Popen, within: float) -> float:
     pytest.fail(f"the job was still running {within} s later")
 
 
+def wait_for_checkpoint(proc: subprocess.Popen, logdir: Path, after_step: int) -> None:
+    """Until a checkpoint past ``after_step`` is saved (or the run ends)."""
+    deadline = time.monotonic() + 180
+    while saved_steps(logdir) <= after_step and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def kill_after(proc: subprocess.Popen, logdir: Path, after_step: int, delay: float, sig: int,
                group: bool | None = None) -> None:
     """Send ``sig`` once a checkpoint past ``after_step`` exists: to every process of the job (SIGKILL's
     default), or to rank 0 only."""
-    deadline = time.monotonic() + 180
-    while saved_steps(logdir) <= after_step and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for_checkpoint(proc, logdir, after_step)
     time.sleep(delay)
     os.killpg(proc.pid, sig) if (sig == signal.SIGKILL if group is None else group) else os.kill(proc.pid, sig)
 
@@ -124,7 +114,7 @@ def test_fault_drill_on_two_ranks_ends_bitwise_equal(data, tmp_path, uninterrupt
     drill(data, tmp_path / "logs", 3, DDP, 40, random.randrange(10**6))
     runs = len(list((tmp_path / "logs" / "mnist").iterdir()))
     assert runs >= 2
-    assert_same_training_state(uninterrupted_ddp, last_state(tmp_path / "logs"))
+    assert_same_training_state(uninterrupted_ddp, newest_last_checkpoint(tmp_path / "logs"))
 
 
 @pytest.mark.slow
@@ -132,7 +122,8 @@ def test_fault_drill_on_one_process_ends_bitwise_equal(data, tmp_path):
     reference = train(tiny_config(data, tmp_path / "reference", max_epochs=40, checkpoint_every_n_steps=3,
                                   accelerator="cpu"), test=False)
     drill(data, tmp_path / "logs", 5, SINGLE, 800, random.randrange(10**6))
-    assert_same_training_state(torch.load(reference.last_checkpoint, weights_only=True), last_state(tmp_path / "logs"))
+    assert_same_training_state(torch.load(reference.last_checkpoint, weights_only=True),
+                               newest_last_checkpoint(tmp_path / "logs"))
 
 
 @pytest.mark.slow
@@ -151,11 +142,11 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(data
     assert proc.returncode == 143, stderr
     assert stderr.count("stopped by SIGTERM after saving last.ckpt; continue with --resume last") == 1
     assert len(list(logdir.rglob("last.ckpt"))) == 1
-    stopped = last_state(logdir)
+    stopped = newest_last_checkpoint(logdir)
     assert 4 < stopped["global_step"] < 40
     resumed = start(data, logdir, *DDP, "--resume", "last")
     assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
-    assert_same_training_state(uninterrupted_ddp, last_state(logdir))
+    assert_same_training_state(uninterrupted_ddp, newest_last_checkpoint(logdir))
 
 
 @pytest.mark.slow
@@ -163,22 +154,21 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(data
 def test_one_failing_rank_ends_the_whole_job_fast_with_one_line(data, tmp_path, rank):
     logdir = tmp_path / "logs"
     proc = start(data, logdir, *DDP, script=FAULTY, env={"FAIL_RANK": str(rank), "FAIL_STEP": "7"})
-    kill_after(proc, logdir, 5, 0, 0)  # signal 0: only wait for the checkpoint of step 6
+    wait_for_checkpoint(proc, logdir, 5)  # the step-6 one
     seconds = job_ended(proc, within=60)
     stderr = stderr_of(proc)
     print(f"rank {rank} failed at step 7: the job ended {seconds:.1f} s after the step-6 checkpoint")
     assert proc.returncode != 0
     assert f"train.py: error: CUDA out of memory (injected on rank {rank} at step 7); lower --batch-size" in stderr
     assert "Traceback" not in stderr, stderr
-    assert last_state(logdir)["global_step"] == 6  # the newest good checkpoint, intact
+    assert newest_last_checkpoint(logdir)["global_step"] == 6  # the newest good checkpoint, intact
 
 
 @pytest.mark.slow
 def test_sigkill_of_rank_zero_ends_the_other_ranks(data, tmp_path):
     logdir = tmp_path / "logs"
     proc = start(data, logdir, *DDP, "--max-epochs", "400")
-    kill_after(proc, logdir, 3, 0.2, 0)
-    os.kill(proc.pid, signal.SIGKILL)  # rank 0 only: rank 1 is left alone in its collective
+    kill_after(proc, logdir, 3, 0.2, signal.SIGKILL, group=False)  # rank 0 only: rank 1 is left in its collective
     seconds = job_ended(proc, within=60)
     print(f"rank 0 killed: the other rank ended {seconds:.1f} s later")
 

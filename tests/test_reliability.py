@@ -13,7 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import RAW_NAMES, TINY, TRAIN, make_tiny_mnist, one_line_error, run_script, tiny_config, write_idx
+from helpers import (
+    RAW_NAMES,
+    TINY,
+    TRAIN,
+    assert_same_training_state,
+    make_tiny_mnist,
+    newest_last_checkpoint,
+    one_line_error,
+    run_script,
+    tiny_config,
+    write_idx,
+)
 from project.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.datamodule import MNISTDataModule
 from project.errors import CheckpointError, MNISTDataError, UsageError, run_cli
@@ -243,21 +254,6 @@ RESUMABLE = ("--max-epochs", "10", "--checkpoint-every-n-steps", "5", "--batch-s
              "--log-every-n-steps", "2", "--val-size", "40")
 
 
-def _final_state(logdir: Path) -> dict:
-    newest = max((logdir / "mnist").iterdir(), key=lambda p: int(p.name.split("_")[1]))
-    return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
-
-
-def _assert_same_training_state(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    for buf_a, buf_b in zip(a["optimizer_states"][0]["state"].values(),
-                            b["optimizer_states"][0]["state"].values(), strict=True):
-        assert torch.equal(buf_a["momentum_buffer"], buf_b["momentum_buffer"])
-
-
 @pytest.mark.slow
 def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
     """Killed at a random point with 8 optimizer steps per Lightning step, resumed: the same as an
@@ -279,7 +275,7 @@ def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
     assert interrupted["global_step"] < 190, "the run finished before it could be killed"
 
     train(tiny_config(data, logdir, steps_per_call=8, **settings, resume="last"))
-    _assert_same_training_state(_final_state(tmp_path / "a"), _final_state(logdir))
+    assert_same_training_state(newest_last_checkpoint(tmp_path / "a"), newest_last_checkpoint(logdir))
 
 
 @pytest.mark.slow

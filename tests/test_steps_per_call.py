@@ -4,7 +4,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import event_accumulator, make_tiny_mnist, tiny_config
+from helpers import assert_same_training_state, event_accumulator, make_tiny_mnist, tiny_config
 from project.config import RunConfig
 from project.errors import UsageError
 from project.run import train
@@ -25,18 +25,6 @@ def run(data, folder, steps_per_call, **settings):
     return result, torch.load(result.last_checkpoint, weights_only=True)
 
 
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    for state_a, state_b in zip(a["optimizer_states"][0]["state"].values(),
-                                b["optimizer_states"][0]["state"].values(), strict=True):
-        for name in state_a:
-            assert torch.equal(state_a[name], state_b[name]), name
-    assert a["lr_schedulers"] == b["lr_schedulers"]
-    assert a["MNISTDataModule"] == b["MNISTDataModule"]  # the same place in the epoch's data order
-
-
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monkeypatch):
     from project import steps_per_call
@@ -45,14 +33,14 @@ def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monk
     assert reference.steps_per_call == 1 and reference_state["global_step"] == 34
     eight, state = run(data, tmp_path / "k8", 8, precision=precision, log_every_n_steps=50)
     assert eight.steps_per_call == 8
-    assert_same_state(reference_state, state)
+    assert_same_training_state(reference_state, state)
     assert eight.test_metrics == reference.test_metrics
     # auto, on a step as fast as a GPU's: the measurement asks for many steps per call
     monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: 2e-5)
     auto, state = run(data, tmp_path / "kauto", "auto", precision=precision, log_every_n_steps=50)
     assert auto.steps_per_call == steps_per_call.AUTO_MAX
     assert "steps per call 64 (auto: a step's math takes 0.02 ms" in auto.summary()
-    assert_same_state(reference_state, state)
+    assert_same_training_state(reference_state, state)
 
 
 def test_checkpoints_and_logs_land_on_the_same_steps(data, tmp_path):
@@ -63,7 +51,7 @@ def test_checkpoints_and_logs_land_on_the_same_steps(data, tmp_path):
     assert saved == sorted(p.name for p in (tmp_path / "k8" / "every5").iterdir())
     assert saved == [f"step={s}.ckpt" for s in (10, 15, 20, 25, 30, 5)]
     for name in saved:  # each holds the state after exactly that step
-        assert_same_state(torch.load(tmp_path / "k1" / "every5" / name, weights_only=True),
+        assert_same_training_state(torch.load(tmp_path / "k1" / "every5" / name, weights_only=True),
                           torch.load(tmp_path / "k8" / "every5" / name, weights_only=True))
     events = [event_accumulator(r.run_dir) for r in (one, eight)]
     for tag in ("train/loss", "lr-AdamW"):
@@ -117,7 +105,7 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, writte
                                                                          "world_size": 1}
     _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
                      resume=str(middle))
-    assert_same_state(uninterrupted, resumed)
+    assert_same_training_state(uninterrupted, resumed)
 
 
 @pytest.mark.parametrize(("written_with", "k"), [(1, 8), (8, 8), (8, 1)])
@@ -126,4 +114,4 @@ def test_resuming_from_the_end_of_an_epoch_gives_the_uninterrupted_state(data, t
     _, uninterrupted = run(data, tmp_path / "full", 1, **settings)  # 2 epochs
     first = train(tiny_config(data, tmp_path / "first", steps_per_call=written_with, max_epochs=1, **settings))
     _, resumed = run(data, tmp_path / "resumed", k, resume=first.last_checkpoint, **settings)
-    assert_same_state(uninterrupted, resumed)
+    assert_same_training_state(uninterrupted, resumed)
