@@ -8,6 +8,7 @@ ARGS ?=
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -U pip
 	$(PY) -m pip install -e ".[dev]"
 	touch $@
 

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RAW_NAMES, make_tiny_mnist, run_script, tiny_run
+from helpers import CHECKPOINTED, RAW_NAMES, TWO_RANKS, make_tiny_mnist, newest_last_checkpoint, run_script, tiny_run
+
+# The suite's workers and the scripts they start share two cores: one thread per process, not two
+# each spinning against the others (tiny batches gain nothing from more).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The short run the after-training tests share. Two hidden units cannot separate ten
 # classes: mistakes for the worst-mistakes figure to show.
@@ -22,14 +26,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker,
-    so each session-wide run is trained once."""
+    """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
+    session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
         for fixture in ("default_run", "trained", "uninterrupted_ddp"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
@@ -70,3 +76,16 @@ def default_run(real_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(logdir), timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return {"logs": logdir, "output": done.stdout, "stderr": done.stderr}
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One 2-rank run, never interrupted: what every interrupted DDP run must end equal to, and what the DDP
+    output tests read. 83 test images, so the ranks' test shards differ in size."""
+    root = tmp_path_factory.mktemp("ddp")
+    data = make_tiny_mnist(root / "data", n_train=680, n_test=83)
+    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(root / "logs"), *CHECKPOINTED, *TWO_RANKS,
+                      timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"data": data, "logs": root / "logs", "output": done.stdout, "stderr": done.stderr,
+            "last": newest_last_checkpoint(root / "logs")}

@@ -25,6 +25,10 @@ RAW_NAMES = {
 # Small, fast settings for runs on tiny data.
 TINY = ("--batch-size", "32", "--log-every-n-steps", "2", "--val-size", "40")
 TINY_SETTINGS = {"batch_size": 32, "log_every_n_steps": 2, "val_size": 40}
+# Runs the fault tests interrupt: 640 training images in batches of 32 are 20 steps per epoch on one
+# process, 10 per rank on two; last.ckpt every 3 steps, so most kills land mid-epoch.
+CHECKPOINTED = (*TINY, "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
+TWO_RANKS = ("--devices", "2", "--max-epochs", "4")
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import TINY, TRAIN, free_port, make_tiny_mnist, run_script
+from helpers import TINY, TRAIN, free_port, run_script
 from project.checkpointing import read_weights
 from project.config import RunConfig
 from project.datamodule import MNISTDataModule
@@ -31,15 +31,9 @@ def single_process_test_accuracy(checkpoint, data_dir) -> float:
     return trainer.test(model, datamodule=dm, verbose=False)[0]["test/acc"]
 
 
-@pytest.mark.slow
-def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data", n_train=240, n_test=83)  # 83: not divisible by 2
-    logdir = tmp_path / "logs"
-    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(logdir), *TINY,
-                      "--accelerator", "cpu", "--devices", "2", "--max-epochs", "2", timeout=400)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    runs = list((logdir / "mnist").iterdir())
+def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(uninterrupted_ddp):
+    output = uninterrupted_ddp["output"] + uninterrupted_ddp["stderr"]
+    runs = list((uninterrupted_ddp["logs"] / "mnist").iterdir())
     assert [r.name for r in runs] == ["version_0"]
     run = runs[0]
     writers = {f.name.split(".")[-2] for f in run.glob("events.out.tfevents.*")}  # ...<host>.<pid>.<n>
@@ -48,10 +42,10 @@ def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(tmp_
     assert len(list((run / "checkpoints").iterdir())) == 2
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_batch"] == 64
-    assert "global batch 64 = 32 per device x 2 device(s)" in done.stdout
-    assert "steps per call 1 (auto: DDP all-reduces gradients once per forward" in done.stdout
+    assert "global batch 64 = 32 per device x 2 device(s)" in uninterrupted_ddp["output"]
+    assert "steps per call 1 (auto: DDP all-reduces gradients once per forward" in uninterrupted_ddp["output"]
     assert output.count("test/acc ") == 1
-    single = single_process_test_accuracy(results["best_checkpoint"], data)
+    single = single_process_test_accuracy(results["best_checkpoint"], uninterrupted_ddp["data"])
     assert results["test/acc"] == pytest.approx(single, abs=1e-6)
 
 
