@@ -119,8 +119,6 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
         release_cuda_cache()
         # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
         best, last, best_val = checkpoint_paths(trainer)
-        if math.isnan(best_val) and "val/acc_best" in trainer.callback_metrics:  # no checkpoints (fast_dev_run)
-            best_val = float(trainer.callback_metrics["val/acc_best"])
         metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0] if test else {}
         release_cuda_cache()
     stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
@@ -142,20 +140,22 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
 
 
 def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
-    """Best and last checkpoint paths, and the best ``val/acc`` (None and NaN where nothing was saved)."""
+    """Best and last checkpoint paths (None where nothing was saved), and the best ``val/acc``: the best
+    checkpoint's score, else the logged ``val/acc_best`` (no checkpoints under fast_dev_run), else NaN."""
     last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
     best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
     last_path = last.best_model_path if last else None
     if last and not last_path and (run_dir(trainer) / "checkpoints" / "last.ckpt").is_file():
         last_path = str(run_dir(trainer) / "checkpoints" / "last.ckpt")  # ddp_spawn keeps it in the workers
-    if best is None or not best.best_model_path:
-        return None, last_path, math.nan
-    score = best.best_model_score
-    if score is None:  # ddp_spawn: the workers hand back the best path but not its score
-        state = read_checkpoint(best.best_model_path).get("callbacks", {})
+    best_path = best.best_model_path if best and best.best_model_path else None
+    score = best.best_model_score if best_path else None
+    if best_path and score is None:  # ddp_spawn: the workers hand back the best path but not its score
+        state = read_checkpoint(best_path).get("callbacks", {})
         score = next((s["best_model_score"] for s in state.values()
-                      if isinstance(s, dict) and s.get("best_model_path") == best.best_model_path), None)
-    return best.best_model_path, last_path, float(score) if score is not None else math.nan
+                      if isinstance(s, dict) and s.get("best_model_path") == best_path), None)
+    if score is None:
+        score = trainer.callback_metrics.get("val/acc_best", math.nan)
+    return best_path, last_path, float(score)
 
 
 def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:

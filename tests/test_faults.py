@@ -33,7 +33,7 @@ from project.resume import checkpoint_to_resume
 from project.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
-SINGLE = ("--max-epochs", "10")
+SINGLE_EPOCHS = 10  # 200 steps
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +127,10 @@ def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp
 
 @pytest.mark.slow
 def test_fault_drill_on_one_process_ends_bitwise_equal(data, tmp_path):
-    settings = {"max_epochs": 10, "checkpoint_every_n_steps": 3, "accelerator": "cpu"}
+    settings = {"max_epochs": SINGLE_EPOCHS, "checkpoint_every_n_steps": 3, "accelerator": "cpu"}  # CHECKPOINTED
     reference = train(tiny_config(data, tmp_path / "reference", **settings), test=False)
-    drill(data, tmp_path / "logs", 5, SINGLE, 200, random.randrange(10**6))
+    drill(data, tmp_path / "logs", 5, ("--max-epochs", str(SINGLE_EPOCHS)), 20 * SINGLE_EPOCHS,
+          random.randrange(10**6))
     train(tiny_config(data, tmp_path / "logs", **settings, resume="last"), test=False)  # the last resume, in here
     assert_same_training_state(torch.load(reference.last_checkpoint, weights_only=True),
                                newest_last_checkpoint(tmp_path / "logs"))
@@ -141,10 +142,10 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(tmp_
     is stopped each way, and the run resumed after both ends as if never stopped."""
     data = uninterrupted_ddp["data"]
     logdir = tmp_path / "logs"
-    stopped = {"global_step": 4}
+    stopped_at = 4
     for run, every_process in enumerate((False, True), start=1):
         proc = start(data, logdir, *TWO_RANKS, *(("--resume", "last") if run > 1 else ()))
-        after, delay = stopped["global_step"] + 2, random.uniform(0.0, 0.3)
+        after, delay = stopped_at + 2, random.uniform(0.0, 0.3)
         print(f"SIGTERM to {'every process' if every_process else 'rank 0'} {delay:.2f} s after the first "
               f"checkpoint past step {after}")
         kill_after(proc, logdir, after, delay, signal.SIGTERM, group=every_process)
@@ -154,8 +155,8 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(tmp_
         assert proc.returncode == 143, stderr
         assert stderr.count("stopped by SIGTERM after saving last.ckpt; continue with --resume last") == 1
         assert len(list(logdir.rglob("last.ckpt"))) == run  # one per run, not one per rank
-        stopped = newest_last_checkpoint(logdir)
-        assert after < stopped["global_step"] < 40
+        stopped_at = newest_last_checkpoint(logdir)["global_step"]
+        assert after < stopped_at < 40
     resumed = start(data, logdir, *TWO_RANKS, "--resume", "last")
     assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
     assert_same_training_state(uninterrupted_ddp["last"], newest_last_checkpoint(logdir))
