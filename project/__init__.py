@@ -15,3 +15,4 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "onecycle", "cosine")
 LOADERS = ("memory", "torchvision")
 SWEEP_SAMPLERS = ("tpe", "random", "grid")
+SWEEP_STORAGE = "sweeps.journal"  # a journal file: safe for many processes on one machine

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from project import SWEEP_SAMPLERS, __version__
+from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
 from project.config import ACCELERATORS, PRECISIONS, RunConfig, load_yaml, resolve_config
 from project.errors import UsageError
-from project.validators import flag, one_of, positive_int
+from project.validators import count_or_auto, flag, one_of, positive_int
 
 GROUPS = ("hardware", "recipe", "data", "run")
 EPILOG = """\
@@ -151,8 +151,18 @@ def parse_predict_args(description: str | None) -> argparse.Namespace:
 def parse_sweep_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("sweep.py", description)
     parser.add_argument("--space", default="configs/sweep.yaml", help="search space (YAML)")
-    parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20, help="trials this process runs")
-    parser.add_argument("--storage", default="sqlite:///sweeps.db", help="any SQLAlchemy URL")
+    parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20,
+                        help="trials this command runs (shared out among its workers)")
+    parser.add_argument("--storage", default=SWEEP_STORAGE,
+                        help="a journal file (one machine) or a database URL, e.g. postgresql://user:pw@host/db "
+                             "(several machines)")
+    parser.add_argument("--workers", type=argparse_type(count_or_auto), default="auto",
+                        help="trials run at once, each worker pinned to its own devices (auto: one per GPU, "
+                             "or per group of GPUs a trial uses; one on CPU)")
+    parser.add_argument("--heartbeat", type=argparse_type(positive_int), default=60,
+                        help="seconds between a database trial's heartbeats; one silent for twice this is failed "
+                             "and retried")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # started by a sweep: no report
     parser.add_argument("--study-name", default="mnist-sweep")
     parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
     parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from types import FrameType
 
 import lightning as L
@@ -12,6 +11,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.processes import die_with_parent
 
 
 class OneFailureEndsTheJob(Callback):
@@ -24,13 +25,8 @@ class OneFailureEndsTheJob(Callback):
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.world_size > 1 and "LOCAL_RANK" in os.environ and sys.platform.startswith("linux"):
-            import ctypes
-
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-            if os.getppid() == 1:  # the launcher died before that took effect
-                os.kill(os.getpid(), signal.SIGKILL)
+        if trainer.world_size > 1 and "LOCAL_RANK" in os.environ:
+            die_with_parent()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         launcher = trainer.strategy.launcher

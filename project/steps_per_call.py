@@ -75,8 +75,9 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
                                       torch.device(resolve_accelerator(config.accelerator)))
     if k > 1:
         datamodule.setup("fit")
-        datamodule.steps_per_call = k
-        datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
+    # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
+    datamodule.steps_per_call = k
+    datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
     return k, reason
 
 

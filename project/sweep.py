@@ -25,6 +25,8 @@ from project.datamodule import MNISTDataModule
 from project.devices import expected_world_size
 from project.errors import NonFiniteLossError, UsageError, UserError
 from project.run import train
+from project.sweep_storage import frozen_trial, open_storage, owner, retried_from, retry_dead_workers_trials
+from project.sweep_workers import Worker
 
 TYPES = ("float", "int", "categorical")
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
@@ -102,36 +104,46 @@ class PruneOnValAcc(Callback):
             trainer.should_stop = True
 
 
-def storage_for(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage; SQLite waits on a locked file instead of failing when processes share it."""
-    engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy raises many kinds for a bad URL
-        raise UsageError(f"--storage {url}: cannot open it ({str(err).splitlines()[0][:150]})") from None
+def prepare(args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.BaseStorage, Objective]:
+    """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run.
 
-
-def prepare(args: argparse.Namespace) -> tuple[optuna.Study, Objective]:
-    """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run."""
+    Everything a user can get wrong (the space, the data, the storage) is checked here, before
+    the study is opened, so no trial is ever recorded as failed for it.
+    """
     fixed, params = load_space(args.space)
     quiet()
-    study = open_study(args.study_name, args.storage, args.pruner, args.sampler_seed, args.sampler, params)
     folder = Path(args.logdir) / "sweeps" / args.study_name
     base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
             "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
-    return study, Objective(fixed, params, base, folder)
+    objective = Objective(fixed, params, base, folder)
+    build_datamodule(objective.trial_config({})).prepare_data()
+    storage = open_storage(args.storage, args.heartbeat)
+    study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
+    return study, storage, objective
 
 
-def open_study(name: str, storage: str, pruner: str, sampler_seed: int | None, sampler: str = "tpe",
-               params: dict[str, dict[str, Any]] | None = None) -> optuna.Study:
-    """The named study in ``storage``, created on first use and resumed after."""
+def open_study(name: str, storage: optuna.storages.BaseStorage | str, pruner: str, sampler_seed: int | None,
+               sampler: str = "tpe", params: dict[str, dict[str, Any]] | None = None) -> optuna.Study:
+    """The named study in ``storage`` (a storage, or a journal path or URL), created on first use and resumed after."""
     pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
                "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
     samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=sampler_seed),
                 "random": lambda: optuna.samplers.RandomSampler(seed=sampler_seed),
                 "grid": lambda: optuna.samplers.GridSampler(grid(params or {}), seed=sampler_seed)}
-    return optuna.create_study(study_name=name, storage=storage_for(storage), direction="maximize",
-                               load_if_exists=True, pruner=pruners[pruner](), sampler=samplers[sampler]())
+    chosen = samplers[sampler]()
+    storage = open_storage(storage) if isinstance(storage, str) else storage
+    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                               pruner=pruners[pruner](), sampler=chosen)
+
+
+def run_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective, n_trials: int) -> None:
+    """This worker's trials; first, and after each, trials left running by a dead worker are enqueued again."""
+    def recover(study: optuna.Study, _: object = None) -> None:
+        for number in retry_dead_workers_trials(study, storage):
+            print(f"trial {number}: its worker died; failed, and enqueued again", flush=True)
+
+    recover(study)
+    study.optimize(objective, n_trials=n_trials, callbacks=[recover])
 
 
 def grid(params: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
@@ -165,6 +177,9 @@ class Objective:
         return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")])
 
     def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("worker", owner())
+        trial.set_user_attr("devices", Worker.current().describe())
+        retried = retried_from(frozen_trial(trial.study, trial.number))
         config = self.trial_config(suggest(trial, self.params)).replace(run_version=f"trial_{trial.number:03d}")
         started = time.perf_counter()
         pruning = PruneOnValAcc(trial)
@@ -181,7 +196,8 @@ class Objective:
             raise optuna.TrialPruned() from None
         seconds = time.perf_counter() - started
         state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
-        print(f"trial {trial.number}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
+        again = f" (repeats trial {retried})" if retried is not None else ""
+        print(f"trial {trial.number}{again}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
         if pruning.pruned:
             raise optuna.TrialPruned()
         return best_val
@@ -214,4 +230,6 @@ def quiet() -> None:
     quiet_lightning_info()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Target and region quantiles select the same set")  # importance plot
+    for importance_plot_note in ("Target and region quantiles select the same set",
+                                 "The number of trials is too small to compute importances"):
+        warnings.filterwarnings("ignore", message=importance_plot_note)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Hyperparameter sweep with Optuna: each trial is a real training run; the study lives in a database.
+"""Hyperparameter sweep with Optuna: each trial is a real training run; the study lives in a storage.
 
-Running the same command again resumes the study; several processes (or machines, with a
-PostgreSQL URL) pointed at one --storage share its trials.
+Running the same command again resumes the study. Trials run on every device at once (one
+worker per GPU, or --workers N); processes on other machines pointed at the same PostgreSQL
+--storage share the study.
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import sweep, sweep_report
+    from project import sweep, sweep_report, sweep_storage, sweep_workers
 
-    study, objective = sweep.prepare(args)
-    print(f"study {args.study_name} in {args.storage}: {len(study.trials)} trials so far; running {args.n_trials} more"
-          + (f" (grid of {sweep.grid_size(objective.params)})" if args.sampler == "grid" else ""), flush=True)
-    study.optimize(objective, n_trials=args.n_trials)
-    print(sweep_report.report(study, objective.fixed, objective.folder))
+    study, storage, objective = sweep.prepare(args)
+    workers = sweep_workers.plan_workers(args.workers, objective.trial_config({}), objective.params)
+    if not args.worker:
+        grid = f" (grid of {sweep.grid_size(objective.params)})" if args.sampler == "grid" else ""
+        print(f"study {args.study_name} in {sweep_storage.describe(args.storage)}: {len(study.trials)} trials so far;"
+              f" running {args.n_trials} more{grid} on {len(workers)} worker(s) "
+              f"({' | '.join(w.describe() for w in workers)})", flush=True)
+    if len(workers) > 1:
+        sweep_workers.run_workers(workers, args.n_trials, sys.argv[1:])
+    else:
+        sweep.run_trials(study, storage, objective, args.n_trials)
+    if not args.worker:
+        print(sweep_report.report(study, objective.fixed, objective.folder))
     return 0
 
 

@@ -1,14 +1,16 @@
-"""Fixtures: tiny MNIST files, the real data when present, and runs trained once and shared."""
+"""Fixtures: tiny MNIST files, the real data when present, runs trained once and shared, real services."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import CHECKPOINTED, RAW_NAMES, TWO_RANKS, make_tiny_mnist, newest_last_checkpoint, run_script, tiny_run
+from services import Postgres, postgres_server
 
 # The suite's workers and the scripts they start share two cores: one thread per process, not two
 # each spinning against the others (tiny batches gain nothing from more).
@@ -31,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
     session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
-        for fixture in ("default_run", "trained", "uninterrupted_ddp"):
+        for fixture in ("default_run", "trained", "uninterrupted_ddp", "storage"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
@@ -55,6 +57,13 @@ def real_data_dir() -> Path:
     if not data_dir or not all((Path(data_dir) / "MNIST" / "raw" / n).is_file() for n in RAW_NAMES.values()):
         pytest.skip("real MNIST not available (set DATA_DIR to a folder holding MNIST/raw/)")
     return Path(data_dir).resolve()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server on loopback for the session (its tests share one xdist worker)."""
+    with postgres_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

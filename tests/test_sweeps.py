@@ -1,0 +1,324 @@
+"""Optuna sweeps on real storages: a journal file shared by processes on one machine, a real PostgreSQL
+server for several; parallel workers pinned to their devices; a killed worker's trial failed and retried."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from helpers import ROOT
+from project.errors import UsageError, UserError
+from project.run import train
+from project.sweep import Objective, grid, load_space, open_study, prepare
+from project.sweep_storage import open_storage
+
+SWEEP = str(ROOT / "scripts" / "sweep.py")
+TrialState = optuna.trial.TrialState
+
+SPACE = """
+fixed:
+  scheduler: none
+  batch_size: 32
+params:
+  lr: {type: categorical, choices: [0.2, 1.0e-7]}
+  max_epochs: {type: int, low: 2, high: 3}
+"""
+QUICK = ("fixed:\n  scheduler: none\n  batch_size: 32\n  max_epochs: 1\n"
+         "params:\n  lr: {type: float, low: 0.01, high: 0.3}\n")
+
+
+def sweep(space, storage, data, logdir, trials, *extra):
+    return [sys.executable, SWEEP, "--space", str(space), "--storage", storage, "--data-dir", str(data),
+            "--logdir", str(logdir), "--val-size", "40", "--n-trials", str(trials), *extra]
+
+
+def write_space(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(params=["journal", "postgres"])
+def storage(request, tmp_path) -> str:
+    """A new, empty storage of each kind: a journal file, or a fresh database on the real PostgreSQL server."""
+    if request.param == "journal":
+        return str(tmp_path / "study.journal")
+    return request.getfixturevalue("postgres").new_database()
+
+
+def load(storage: str, name: str = "mnist-sweep") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(storage))
+
+
+@pytest.mark.slow
+def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_mnist, tmp_path):
+    space = write_space(tmp_path, SPACE)
+    storage = str(tmp_path / "study.journal")
+    logdir = tmp_path / "logs"
+    # The first 4 trials in this process (the objective sweep.py runs), the rest by sweep.py itself.
+    fixed, params = load_space(space)
+    folder = logdir / "sweeps" / "mnist-sweep"
+    base = {"data_dir": str(tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+            "trainer": {"enable_progress_bar": False}}
+    open_study("mnist-sweep", storage, "median", 0).optimize(Objective(fixed, params, base, folder), n_trials=4)
+    before = {t.number: (t.params, t.state, t.value) for t in load(storage).trials}
+    assert len(before) == 4
+
+    # Two more processes on the same storage: each resumes the study, and they share it.
+    workers = [subprocess.Popen(sweep(space, storage, tiny_mnist, logdir, 2), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert all("trials so far; running 2 more on 1 worker(s)" in out for out, _ in outputs)
+    assert any("4 trials so far" in out for out, _ in outputs)
+    study = load(storage)
+    assert sorted(t.number for t in study.trials) == list(range(8))
+    assert {t.number: (t.params, t.state, t.value) for t in study.trials if t.number < 4} == before
+    assert any(t.state == TrialState.PRUNED for t in study.trials)  # lr 1e-7 never learns
+
+    best = yaml.safe_load((folder / "best.yaml").read_text())
+    assert best["lr"] == 0.2 and best["scheduler"] == "none"
+    assert (folder / "history.png").stat().st_size > 5000
+    assert len(list((folder / "trials").iterdir())) == 8  # every trial logged to TensorBoard
+    assert "| trial | val/acc |" in outputs[0][0] + outputs[1][0]
+    from project.cli import parse_run_config
+
+    best_run = train(parse_run_config(["--config", str(folder / "best.yaml"), "--data-dir", str(tiny_mnist),
+                                       "--logdir", str(tmp_path / "best-run"), "--val-size", "40"]))
+    assert best_run.config.lr == 0.2 and best_run.test_metrics["test/acc"] > 0
+
+
+@pytest.mark.slow
+def test_processes_started_together_share_a_new_study(storage, tiny_mnist, tmp_path):
+    """Two workers at the same moment on a storage with no study (nor tables) yet: both join, and no
+    trial is lost or run twice. Then the same command resumes the study."""
+    space = write_space(tmp_path, QUICK)
+    command = sweep(space, storage, tiny_mnist, tmp_path / "logs", 3, "--sampler", "random", "--heartbeat", "5")
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert not any(err.strip() for _, err in outputs), outputs  # no traceback, no warning
+    trials = load(storage).trials
+    assert [t.number for t in trials] == list(range(6))
+    assert len({t._trial_id for t in trials}) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
+    owners = collections.Counter(t.user_attrs["worker"] for t in trials)
+    assert sorted(owners.values()) == [3, 3], owners  # each process ran its own three
+    folders = tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials"
+    assert sorted(p.name for p in folders.iterdir()) == [f"trial_{n:03d}" for n in range(6)]
+    printed = sorted(line.split(":")[0] for out, _ in outputs for line in out.splitlines() if line.startswith("trial "))
+    assert printed == [f"trial {n}" for n in range(6)]  # each trial reported once, by the worker that ran it
+
+    again = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 1), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "6 trials so far; running 1 more" in again.stdout, again.stderr
+    assert len(load(storage).trials) == 7
+
+
+def wait_for_training_trial(storage: str, proc: subprocess.Popen, timeout: float = 120) -> optuna.trial.FrozenTrial:
+    """The first trial once it has reported two epochs' val/acc: mid-training, not starting up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            running = load(storage).get_trials(states=(TrialState.RUNNING,))
+        except KeyError:  # the study does not exist yet
+            running = []
+        if running and len(running[0].intermediate_values) >= 2:
+            return running[0]
+        time.sleep(0.05)
+    raise AssertionError("no trial started")
+
+
+@pytest.mark.slow
+def test_a_killed_workers_trial_is_failed_and_retried(storage, tiny_mnist, tmp_path):
+    """kill -9 mid-trial leaves the trial RUNNING; the next worker fails it (journal: its process is gone;
+    PostgreSQL: its heartbeat stopped) and runs it again with the same parameters."""
+    # 40 epochs of 50 steps: about 4 s of training, killed after its second epoch.
+    space = write_space(tmp_path, "fixed:\n  scheduler: none\n  batch_size: 4\n  max_epochs: 40\n"
+                                  "  steps_per_call: 1\nparams:\n  lr: {type: categorical, choices: [0.1]}\n")
+    command = sweep(space, storage, tiny_mnist, tmp_path / "logs", 1, "--heartbeat", "1")
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = wait_for_training_trial(storage, first)
+    first.kill()
+    first.communicate()
+    left = load(storage).trials
+    assert [t.state for t in left] == [TrialState.RUNNING] and len(left[0].intermediate_values) < 40  # stays so
+    assert not (tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials" / "trial_000" / "results.json").exists()
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    trials = load(storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].system_attrs["failed_trial"] == killed.number == 0 and trials[1].params == trials[0].params
+    assert "trial 1 (repeats trial 0): val/acc" in second.stdout
+    if "journal" in storage:
+        assert "trial 0: its worker died; failed, and enqueued again" in second.stdout
+
+
+@pytest.mark.slow
+def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_mnist, tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two CPU cores")
+    space = write_space(tmp_path, QUICK.replace("max_epochs: 1", "max_epochs: 6"))
+    storage = str(tmp_path / "study.journal")
+    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 4, "--workers", "2"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    half = len(cores) // 2
+    pinned = [",".join(map(str, cores[:half])), ",".join(map(str, cores[half:2 * half]))]
+    assert "0 trials so far; running 4 more on 2 worker(s) (cpu core" in done.stdout
+    trials = load(storage).trials
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
+    by_worker = collections.defaultdict(list)
+    for trial in trials:
+        by_worker[trial.user_attrs["worker"]].append(trial)
+    assert sorted(len(v) for v in by_worker.values()) == [2, 2]  # the trials are shared out evenly
+    devices = sorted({t.user_attrs["devices"].split(" ")[-1] for t in trials})
+    assert devices == sorted(pinned)  # each worker on its own cores, none on the other's
+    assert all(f":{os.getpid()}:" not in owner for owner in by_worker)
+    (a, b) = by_worker.values()
+    assert any(x.datetime_start < y.datetime_complete and y.datetime_start < x.datetime_complete
+               for x in a for y in b)  # at the same time, not one after the other
+    assert "| trial | val/acc |" in done.stdout and "Traceback" not in done.stderr
+
+
+def sweep_args(monkeypatch, *argv: str):
+    from project.cli import parse_sweep_args
+
+    monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
+    return parse_sweep_args(None)
+
+
+MISTAKES = [
+    (["--data-dir", "{empty}"], "MNIST not found in"),
+    (["--space", "{tmp}/nowhere.yaml"], "nowhere.yaml: cannot read it (No such file or directory)"),
+    (["--space", "{tmp}/broken.yaml"], "broken.yaml: not valid YAML"),
+    (["--storage", "postgresql://postgres:secret@127.0.0.1:1/optuna"],
+     "--storage postgresql://postgres@127.0.0.1:1/optuna: cannot open it (connection failed"),
+    (["--storage", "sqlite:///{tmp}/s.db"], "SQLite locks the whole file and fails under parallel workers"),
+    (["--storage", "{tmp}"], "a folder; give a journal file's path (or a database URL)"),
+    (["--storage", "{tmp}/no/such/folder/s.journal"], "its folder does not exist"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), MISTAKES)
+def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_mnist, tmp_path, argv, message):
+    (tmp_path / "empty").mkdir()
+    write_space(tmp_path, QUICK)
+    (tmp_path / "broken.yaml").write_text("params: [unclosed\n")
+    journal = str(tmp_path / "study.journal")
+    open_study("mnist-sweep", journal, "median", 0)  # an existing study must come out of it unchanged
+    argv = [a.format(empty=tmp_path / "empty", tmp=tmp_path) for a in argv]
+    args = sweep_args(monkeypatch, "--space", str(tmp_path / "space.yaml"), "--storage", journal, "--data-dir",
+                      str(shared_tiny_mnist), "--logdir", str(tmp_path / "logs"), *argv)
+    with pytest.raises(UserError) as err:
+        prepare(args)
+    assert message in str(err.value) and "\n" not in str(err.value) and "secret" not in str(err.value)
+    assert load(journal).trials == []
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_bad_storage_is_one_line_and_exit_code_2(shared_tiny_mnist, tmp_path):
+    space = write_space(tmp_path, QUICK)
+    done = subprocess.run(sweep(space, f"sqlite:///{tmp_path}/s.db", shared_tiny_mnist, tmp_path / "logs", 1),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == UsageError.exit_code and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("sweep.py: error: --storage sqlite:///")
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_trials_share_no_steps_per_call_plan(shared_tiny_mnist, tmp_path):
+    """A trial with K = 1 after one with K = 4 on the same in-memory data (this crashed mid-study)."""
+    path = write_space(tmp_path, "fixed:\n  max_epochs: 1\n  batch_size: 32\n"
+                                 "params:\n  steps_per_call: {type: categorical, choices: [4, 1]}\n")
+    fixed, params = load_space(path)
+    folder = tmp_path / "logs"
+    base = {"data_dir": str(shared_tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+            "trainer": {"enable_progress_bar": False}}
+    study = open_study("plan", str(tmp_path / "s.journal"), "none", 0, "grid", params)
+    study.optimize(Objective(fixed, params, base, folder), n_trials=2)
+    assert sorted(t.params["steps_per_call"] for t in study.trials) == [1, 4]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    values = [t.value for t in sorted(study.trials, key=lambda t: t.params["steps_per_call"])]
+    assert values[0] == values[1]  # K never changes what is trained
+
+
+SPACES = [
+    ("params:\n  lr: {type: float, low: 1, high: 0.1}\n", "params.lr: 'low' (1) must be below 'high' (0.1)"),
+    ("params:\n  speed: {type: float, low: 0, high: 1}\n", "params.speed: not a train.py flag"),
+    ("params:\n  lr: {type: gaussian}\n", "params.lr: needs 'type: float'"),
+    ("params:\n  optimizer: {type: categorical, choices: []}\n", "params.optimizer: 'choices' must be a non-empty"),
+    ("params:\n  lr: {type: float, low: 0, high: 1, log: true}\n", "params.lr: a log scale needs 'low' > 0"),
+    ("searchspace: {}\n", "unknown top-level key 'searchspace'"),
+    ("fixed:\n  colour: red\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n", "fixed.colour: not a train.py flag"),
+    ("fixed:\n  batch_size: 0\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n",
+     "fixed: batch_size: must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("space", "message"), SPACES)
+def test_bad_search_spaces_name_the_key(tmp_path, space, message):
+    path = tmp_path / "space.yaml"
+    path.write_text(space)
+    with pytest.raises(UsageError) as err:
+        load_space(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_mnist, tmp_path):
+    """Trials on 2 devices run as their own train.py (DDP re-runs that command, not the sweep)."""
+    space = write_space(tmp_path, "fixed:\n  scheduler: none\n  batch_size: 32\n  max_epochs: 1\n  accelerator: cpu\n"
+                                  "params:\n  devices: {type: int, low: 1, high: 2}\n"
+                                  "  momentum: {type: categorical, choices: [0.9]}\n")
+    storage = str(tmp_path / "study.journal")
+    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 10, "--sampler", "grid"),
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 trials so far; running 10 more (grid of 2) on 1 worker(s)" in done.stdout
+    study = load(storage)
+    combinations = sorted((t.params["devices"], t.params["momentum"]) for t in study.trials)
+    assert combinations == [(1, 0.9), (2, 0.9)]  # each once, then the grid stops
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    trials = tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials"
+    for trial in study.trials:
+        if trial.params["devices"] == 2:
+            results = json.loads((trials / f"trial_{trial.number:03d}" / "results.json").read_text())
+            assert results["world_size"] == 2 and results["val/acc_best"] == pytest.approx(trial.value)
+    assert sorted(p.name for p in trials.iterdir()) == [f"trial_{n:03d}" for n in range(2)]
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr
+
+
+def test_grid_values_come_from_choices_or_steps():
+    params = {"optimizer": {"type": "categorical", "choices": ["sgd", "adamw"]},
+              "max_epochs": {"type": "int", "low": 2, "high": 6, "step": 2},
+              "lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}}
+    values = grid(params)
+    assert values["optimizer"] == ["sgd", "adamw"] and values["max_epochs"] == [2, 4, 6]
+    assert values["lr"] == pytest.approx([0.1, 0.2, 0.3])
+    with pytest.raises(UsageError, match="params.momentum needs 'choices' or a 'step' to be a grid"):
+        grid({"momentum": {"type": "float", "low": 0.8, "high": 0.99}})
+
+
+def test_fast_dev_run_smoke_tests_a_sweep(tiny_mnist, tmp_path):
+    path = write_space(tmp_path, "fixed:\n  fast_dev_run: true\n"
+                                 "params:\n  lr: {type: categorical, choices: [0.2, 0.05]}\n")
+    fixed, params = load_space(path)
+    assert fixed == {"fast_dev_run": True}
+    folder = tmp_path / "logs" / "sweeps" / "smoke"
+    base = {"data_dir": str(tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+            "trainer": {"enable_progress_bar": False}}
+    study = open_study("smoke", str(tmp_path / "study.journal"), "none", 0, "grid", params)
+    study.optimize(Objective(fixed, params, base, folder), n_trials=5)
+    assert sorted(t.params["lr"] for t in study.trials) == [0.05, 0.2]  # the grid, once each
+    assert all(t.state == TrialState.COMPLETE and 0 <= t.value <= 1 for t in study.trials)
