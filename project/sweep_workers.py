@@ -92,13 +92,19 @@ def shares(n_trials: int, workers: int) -> list[int]:
     return [n_trials // workers + (i < n_trials % workers) for i in range(workers)]
 
 
-def run_workers(workers: Sequence[Worker], n_trials: int, argv: Sequence[str]) -> None:
-    """Start every worker, each with its share of the trials, and wait for all; a failed one is one line."""
+def run_workers(workers: Sequence[Worker], n_trials: int, argv: Sequence[str], sampler_seed: int | None) -> None:
+    """Start every worker, each with its share of the trials, and wait for all; a failed one is one line.
+
+    A seeded sampler gets one seed per worker (seed, seed + 1, ...): with the same seed every
+    worker would sample the same parameters.
+    """
     procs = []
-    for worker, count in zip(workers, shares(n_trials, len(workers)), strict=True):
+    for index, (worker, count) in enumerate(zip(workers, shares(n_trials, len(workers)), strict=True)):
         if count == 0:
             continue
-        command = [sys.executable, str(SWEEP_SCRIPT), *argv, "--workers", "1", "--n-trials", str(count), "--worker"]
+        seed = [] if sampler_seed is None else ["--sampler-seed", str(sampler_seed + index)]
+        command = [sys.executable, str(SWEEP_SCRIPT), *argv, *seed, "--workers", "1", "--n-trials", str(count),
+                   "--worker"]
         procs.append((worker, subprocess.Popen(command, env=worker.environment(), preexec_fn=worker.enter)))
     failed = [(worker, proc.wait()) for worker, proc in procs]
     failed = [(worker, code) for worker, code in failed if code != 0]

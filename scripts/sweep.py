@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
               f" running {args.n_trials} more{grid} on {len(workers)} worker(s) "
               f"({' | '.join(w.describe() for w in workers)})", flush=True)
     if len(workers) > 1:
-        sweep_workers.run_workers(workers, args.n_trials, sys.argv[1:])
+        sweep_workers.run_workers(workers, args.n_trials, sys.argv[1:], args.sampler_seed)
     else:
         sweep.run_trials(study, storage, objective, args.n_trials)
     if not args.worker:

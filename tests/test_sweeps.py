@@ -171,8 +171,8 @@ def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_mnist, tmp_pa
         pytest.skip("needs two CPU cores")
     space = write_space(tmp_path, QUICK.replace("max_epochs: 1", "max_epochs: 6"))
     storage = str(tmp_path / "study.journal")
-    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 4, "--workers", "2"),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 4, "--workers", "2", "--sampler",
+                                "random", "--sampler-seed", "0"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     half = len(cores) // 2
     pinned = [",".join(map(str, cores[:half])), ",".join(map(str, cores[half:2 * half]))]
@@ -183,6 +183,7 @@ def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_mnist, tmp_pa
     for trial in trials:
         by_worker[trial.user_attrs["worker"]].append(trial)
     assert sorted(len(v) for v in by_worker.values()) == [2, 2]  # the trials are shared out evenly
+    assert len({t.params["lr"] for t in trials}) == 4  # a seeded sampler: one seed per worker, not one for all
     devices = sorted({t.user_attrs["devices"].split(" ")[-1] for t in trials})
     assert devices == sorted(pinned)  # each worker on its own cores, none on the other's
     assert all(f":{os.getpid()}:" not in owner for owner in by_worker)
