@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import sys
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from project.callbacks import (
 from project.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.config import LOGGERS, RunConfig
 from project.datamodule import MNISTDataModule
-from project.ddp_faults import OneFailureEndsTheJob, SigtermOnEveryRank
+from project.ddp_faults import OneFailureEndsTheJob
 from project.errors import UsageError
 from project.lit_module import LitMNIST
 from project.steps_per_call import SharedStepCount, StepProgressBar
@@ -71,7 +72,7 @@ def build_loggers(config: RunConfig) -> list[Logger]:
             logger: Logger = TensorBoardLogger(config.logdir, name=config.name, version=version,
                                                default_hp_metric=False)
         elif name == "csv":
-            logger = CSVLogger(config.logdir, name=config.name, version=version)
+            logger = AppendingCSVLogger(config.logdir, name=config.name, version=version)
         elif name == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
@@ -86,13 +87,28 @@ def build_loggers(config: RunConfig) -> list[Logger]:
     return loggers
 
 
+class AppendingCSVLogger(CSVLogger):
+    """Lightning's CSV logger, continuing a resumed run's ``metrics.csv`` under its header (Lightning's own
+    writer starts with no columns, and rewrites the file with the resumed run's alone)."""
+
+    @property
+    def experiment(self) -> Any:
+        fresh = self._experiment is None
+        writer = super().experiment
+        path = Path(getattr(writer, "metrics_file_path", ""))
+        if fresh and path.is_file():
+            with open(path, newline="") as stream:
+                writer.metrics_keys = next(csv.reader(stream), [])
+        return writer
+
+
 def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> list[Callback]:
     """The template's callbacks; each is cheap next to the MLP's step.
 
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), SigtermOnEveryRank(), FiniteLossGuard(),
+    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), FiniteLossGuard(),
                                  ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))

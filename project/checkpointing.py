@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import CheckpointError, NonFiniteLossError, UsageError
@@ -56,6 +56,11 @@ class LastCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_train_steps: int | None = None) -> None:
         super().__init__(filename="last", save_top_k=1, enable_version_counter=False, save_on_exception=True,
                          every_n_train_steps=every_n_train_steps)
+        self._started_at: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started_at = trainer.global_step
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -65,13 +70,32 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, NonFiniteLossError):
-            return
+        if isinstance(exception, (NonFiniteLossError, OSError)) or trainer.global_step == self._started_at \
+                or self._started_at is None:
+            return  # broken weights; a write that failed (it would fail again); nothing new since the start
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
             # Only SIGTERM stops every rank at the same step. Anything else failed on this rank
             # alone, and a save ends at a barrier the other ranks would never reach.
             return
         super().on_exception(trainer, pl_module, exception)
+
+
+class RunRecord(Callback):
+    """Writes into every checkpoint what a resume must know of its run: the settings it trained with,
+    its steps per call, and how much of each log file was written when it was saved."""
+
+    def __init__(self, config: Any, steps_per_call: int) -> None:
+        self.config, self.steps_per_call = config, steps_per_call
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        from project.build import run_dir
+        from project.run_files import log_sizes
+
+        for logger in trainer.loggers:
+            logger.save()  # flushed, so the sizes cover everything logged before this checkpoint
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call,
+                                    "logs": log_sizes(run_dir(trainer)) if trainer.is_global_zero else {}}
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from project.validators import (
     devices_spec,
     flag,
     hidden_sizes,
-    integer,
     memory_fraction,
     non_negative_float,
     non_negative_int,
@@ -27,6 +26,7 @@ from project.validators import (
     optional,
     positive_float,
     positive_int,
+    seed_value,
     text,
     top_k,
 )
@@ -92,7 +92,7 @@ class RunConfig:
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
     early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "
                                          "this many validations (EarlyStopping)", "recipe", metavar="PATIENCE")
-    seed: int = setting(0, integer, "seeds the split, the data order and the weights", "recipe")
+    seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe")
     deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
     # data
     data_dir: str | None = setting(None, optional(text), "folder holding MNIST/raw/ (default: $DATA_DIR, "
@@ -110,8 +110,11 @@ class RunConfig:
     run_version: str | None = setting(None, optional(text), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
-    resume: str | None = setting(None, optional(text), "checkpoint to continue from; 'last' = newest run's "
-                                 "last.ckpt", saved=False, metavar="CKPT|last")
+    resume: str | None = setting(None, optional(text), "continue the run that wrote this checkpoint, in its "
+                                 "folder, with its settings; 'last' = newest run's last.ckpt", saved=False,
+                                 metavar="CKPT|last")
+    init_from: str | None = setting(None, optional(text), "start a new run from this checkpoint's weights, with "
+                                    "this run's settings ('last', 'best' or a path)", metavar="CKPT")
     save_top_k: int = setting(1, top_k, "how many of the best checkpoints (by val/acc) to keep; -1 keeps all",
                               metavar="K")
     checkpoint_every_n_steps: int | None = setting(None, optional(positive_int), "also refresh last.ckpt every N "
@@ -128,6 +131,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.fast_dev_run and self.resume:
             raise UsageError("--fast-dev-run cannot be combined with --resume")
+        if self.resume and self.init_from:
+            raise UsageError("--resume continues a run, --init-from starts a new one from its weights: choose one")
         if self.warmup_steps is not None and self.scheduler != "cosine":
             raise UsageError(f"--warmup-steps applies to --scheduler cosine, not {self.scheduler}")
 
@@ -170,8 +175,12 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
             document = yaml.safe_load(stream) or {}
     except OSError as err:
         raise UsageError(f"{label}: cannot read it ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{label}: not UTF-8 text (save it as UTF-8)") from None
     except yaml.YAMLError as err:
         raise UsageError(f"{label}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{label}: nested too deeply to be a config file") from None
     if not isinstance(document, dict):
         raise UsageError(f"{label}: expected {expected}")
     return document

@@ -15,10 +15,11 @@ QUIET_WARNINGS = (
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
     r".*Using ModelCheckpoint with manual optimization and every_n_train_steps.*",
     r".*torch\.distributed\.nn\.functional\.all_gather is deprecated.*",  # inside Lightning's all_gather
-    # A resumed run writes to its own new folder by design; the CSV logger joins the TensorBoard
-    # run's folder and replaces only its own metrics.csv there.
-    r".*The dirpath has changed from.*",
+    # A resumed run continues in its own folder by design (its logs cut back to the checkpoint, its
+    # metrics.csv appended to), and the datamodule restores the data order mid-epoch exactly.
     r".*Previous log files in this directory will be deleted.*",
+    r".*Checkpoint directory .* exists and is not empty.*",
+    r".*your dataloader is not resumable.*",
 )
 # Advertising, and the tuner's note on reloading its own temporary checkpoint.
 QUIET_LOG_PREFIXES = ("💡 Tip:", "`weights_only` was not set")

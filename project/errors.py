@@ -28,6 +28,12 @@ class Terminated(UserError):
     exit_code = 128 + 15
 
 
+class NothingToDo(UserError):
+    """The request is already met (resuming a finished run); said in one line, exit status 0."""
+
+    exit_code = 0
+
+
 class MNISTDataError(UserError):
     """The MNIST files are missing or unreadable."""
 
@@ -55,8 +61,8 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
         if debug:
             traceback.print_exc()
         # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
-        if not (isinstance(err, Terminated) and os.environ.get("LOCAL_RANK", "0") != "0"):
-            print(f"{prog}: error: {err}", file=sys.stderr)
+        if not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
+            print(f"{prog}: {'error: ' if err.exit_code else ''}{err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -1,24 +1,50 @@
-"""``--resume``: the checkpoint to continue from, checked against this run before anything is written."""
+"""``--resume`` and ``--init-from``: the checkpoint to continue from, checked against this run before anything
+is written. A resume continues the same run: same settings, same folder, same steps per call."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 from project.checkpointing import find_checkpoint, read_checkpoint
 from project.config import RunConfig
-from project.errors import UserError
+from project.errors import UsageError, UserError
 from project.plan import planned_steps
 
+# Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
+TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
+           "batch_size", "hidden", "precision", "loader", "scale_lr")
+TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+                        "limit_train_batches", "max_steps")
 
-def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> str | None:
-    """The checkpoint ``--resume`` names, read now: a corrupt file, another model or a schedule of
-    another length is one line before any run folder exists (``train_size``: training images)."""
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a run continues from, and what it recorded of the run that wrote it."""
+
+    path: Path
+    record: dict[str, Any]  # checkpoint["run_record"]: the run's settings, K, its log files' sizes
+    steps_per_call: int | None
+
+    @property
+    def run_folder(self) -> Path | None:
+        """``LOGDIR/NAME/VERSION`` when the checkpoint lies in a run's ``checkpoints/`` folder."""
+        return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
+
+
+def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> Resume | None:
+    """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
+    schedule of another length is one line before any run folder exists (``train_size``: training images)."""
     if not config.resume:
         return None
+    if config.wants_tuner:
+        raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
+                         "drop the tuner flag")
     path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
     checkpoint = read_checkpoint(path)
-    saved = checkpoint["hyper_parameters"].get("hidden")
-    if saved is not None and list(saved) != list(config.hidden):
-        raise UserError(f"the checkpoint has hidden sizes {saved}, this run asks for {config.hidden}; "
-                        f"resume with --hidden {','.join(map(str, saved))}")
+    record = checkpoint.get("run_record", {})
+    check_same_training(record.get("config", {}), config, path)
     saved_world = checkpoint.get("MNISTDataModule", {}).get("world_size")
     if saved_world is not None and saved_world != world_size:
         raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
@@ -28,7 +54,29 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     total = schedules[0].get("total_steps")
     if total is not None and train_size is not None:
         check_schedule_length(total, planned_steps(config, train_size, world_size))
-    return str(path)
+    return Resume(Path(path), record, record.get("steps_per_call"))
+
+
+def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
+    """Refuse, naming the flag, any setting that would change what the checkpoint's run trains."""
+    now = config.to_mapping()
+    keys = [*TRAINED, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
+    differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
+                 if key in saved and saved[key] != now.get(key)]
+    saved_trainer, trainer = saved.get("trainer", {}), config.trainer
+    differing += [(f"--trainer.{key}", saved_trainer.get(key), trainer.get(key)) for key in TRAINED_TRAINER_ARGS
+                  if saved and saved_trainer.get(key) != trainer.get(key)]
+    if differing:
+        flag, before, after = differing[0]
+        raise UserError(f"{flag} {_shown(after)}: the checkpoint's run trained with {flag} {_shown(before)}, and a "
+                        f"resume continues that run; resume with {flag} {_shown(before)}, or start a new run from "
+                        f"its weights with --init-from {path}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "(not set)" if value is None else str(value)
 
 
 def check_schedule_length(saved_total: int, planned: int) -> None:
@@ -36,5 +84,13 @@ def check_schedule_length(saved_total: int, planned: int) -> None:
     if saved_total != planned:
         raise UserError(
             f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
-            "resume with the same --max-epochs and --batch-size (or train with --scheduler none)"
+            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
         )
+
+
+def initial_weights(config: RunConfig) -> dict[str, Any] | None:
+    """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
+    if not config.init_from:
+        return None
+    path = find_checkpoint(config.init_from, config.logdir, config.name, "--init-from")
+    return read_checkpoint(path)["state_dict"]

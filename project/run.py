@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,10 +11,11 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
 from project.callbacks import EpochStats
-from project.checkpointing import LastCheckpoint, read_checkpoint
+from project.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.config import RunConfig
 from project.console import quiet_known_warnings
 from project.cuda_graphs import check_cuda_graphs
@@ -26,12 +27,23 @@ from project.devices import (
     resolve_accelerator,
     resolve_hardware,
 )
-from project.errors import Terminated, UsageError, UserError
+from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.export import save_program, save_weights
 from project.plan import train_batches
-from project.resume import checkpoint_to_resume
-from project.run_files import check_outputs_writable, log_hparams_with_results, log_run_text, save_config, write_results
+from project.resume import Resume, checkpoint_to_resume, initial_weights
+from project.run_files import (
+    check_outputs_writable,
+    claim_run_folder,
+    finished_results,
+    log_hparams_with_results,
+    log_run_text,
+    remove_partial_files,
+    roll_back_logs,
+    save_config,
+    write_results,
+)
 from project.steps_per_call import plan_steps
+from project.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.tensorboard_figures import TensorBoardFigures
 from project.tuning import tune
 
@@ -60,12 +72,19 @@ class RunResult:
     program: Path | None = None
     config_file: Path | None = None
 
-    def summary(self) -> str:
+    def record(self) -> dict[str, object]:
+        """``results.json``: the run's numbers at full precision (``weights`` is set once it is written)."""
+        config = self.config
+        return {**self.test_metrics, "val/acc_best": self.best_val, "best_checkpoint": self.best_checkpoint,
+                "last_checkpoint": self.last_checkpoint, "weights": str(self.weights) if self.weights else None,
+                "global_batch": self.global_batch, "world_size": self.world_size, "precision": config.precision,
+                "lr": config.lr}
+
+    def summary(self, with_test_metrics: bool = True) -> str:
         config = self.config
         memory = f"max allocated on {self.device}" if self.device.startswith("cuda") else "peak resident set"
-        lines = [
-            f"test/acc {self.test_metrics.get('test/acc', math.nan):.4f}   "
-            f"test/loss {self.test_metrics.get('test/loss', math.nan):.4f}",
+        lines = [test_line(self.test_metrics)] if with_test_metrics else []
+        lines += [
             f"global batch {self.global_batch} = {config.batch_size} per device x "
             f"{self.devices} device(s) x {config.num_nodes} node(s); "
             f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
@@ -86,57 +105,150 @@ class RunResult:
         return "\n".join(lines)
 
 
+def test_line(metrics: dict[str, float]) -> str:
+    return f"test/acc {metrics.get('test/acc', math.nan):.4f}   test/loss {metrics.get('test/loss', math.nan):.4f}"
+
+
 def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callbacks: Sequence[Callback] = (),
-          test: bool = True, figures_in_background: bool = False) -> RunResult:
+          test: bool = True, figures_in_background: bool = False,
+          on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
 
     ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
-    the template's, ``test=False`` stops after fitting.
+    the template's, ``test=False`` stops after fitting, ``on_tested`` receives the test metrics
+    (on rank 0) as soon as they exist, before anything that could still fail.
     ``figures_in_background`` returns while the test figures are still being drawn (a second
     or two of matplotlib); the interpreter waits for them before it exits.
     """
     quiet_known_warnings()
     config = resolve_hardware(config)
     L.seed_everything(config.seed, workers=True, verbose=False)
-    check_outputs_writable(config)
     if datamodule is None:
         datamodule = build_datamodule(config)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     train_size, world_size = datamodule.train_size(), expected_world_size(config)
     train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
-    ckpt_path = checkpoint_to_resume(config, train_size, world_size)
+    resume = checkpoint_to_resume(config, train_size, world_size)
+    config = continue_in_its_folder(config, resume)
+    check_outputs_writable(config)
     steps_per_call, steps_reason = plan_steps(config, datamodule)
+    if resume and resume.steps_per_call == steps_per_call and resume.record.get("config", {}).get(
+            "steps_per_call") == "auto":
+        steps_reason = "auto: as the run it resumes chose"
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
-    trainer = build_trainer(config, callbacks,
-                            steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
-    config = tune(trainer, model, datamodule, config)
-    log_run_text(trainer, config)
-    config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
-    with reported_failures():
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        release_cuda_cache()
-        # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
-        best, last, best_val = checkpoint_paths(trainer)
-        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0] if test else {}
-        release_cuda_cache()
-    stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
-    device = trainer.strategy.root_device
-    result = RunResult(
-        config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
-        devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
-        test_metrics=dict(metrics), best_val=best_val,
-        peak_memory_mb=peak_memory_mb(device), device=str(device), epoch_times=stats.epoch_times if stats else [],
-        best_checkpoint=best, last_checkpoint=last, config_file=config_file, steps_per_call=steps_per_call,
-        steps_reason=steps_reason, optimizer_steps=trainer.global_step,
-    )
-    if trainer.is_global_zero and not config.fast_dev_run:
-        write_outputs(trainer, model, result)
+    load_initial_weights(model, config)
+    config = claim_run_folder(config)  # after every refusal: a refused run writes nothing
+    with stop_signals() as signals:
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
+        trainer = build_trainer(config, [*callbacks, record, stopper],
+                                steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
+        config = record.config = tune(trainer, model, datamodule, config)
+        log_run_text(trainer, config)
+        config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
+        with reported_failures():
+            best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
+            metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
+        stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
+        device = trainer.strategy.root_device
+        result = RunResult(
+            config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
+            devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
+            test_metrics=dict(metrics), best_val=best_val,
+            peak_memory_mb=peak_memory_mb(device), device=str(device),
+            epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
+            config_file=config_file, steps_per_call=steps_per_call, steps_reason=steps_reason,
+            optimizer_steps=trainer.global_step,
+        )
+        if trainer.is_global_zero and not config.fast_dev_run:
+            result.run_dir = run_dir(trainer)
+            write_results(result.run_dir / "results.json", result.record())  # before anything that can fail
+            if on_tested is not None and test:
+                on_tested(result.test_metrics)
+            signals.check("after the test (its metrics are above); model.pth is not written yet: continue with "
+                          "--resume last")
+            with reported_failures():
+                write_outputs(trainer, model, result)
     figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
     if figures is not None and figures.drawing is not None and not figures_in_background:
         figures.drawing.join()
     return result
+
+
+def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:
+    """A resume continues in the folder of the run it resumes, with the steps per call that run took.
+
+    Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
+    of a killed save removed. A finished run is left alone, in one line.
+    """
+    if resume is None:
+        return config
+    if config.steps_per_call == "auto" and resume.steps_per_call:
+        config = config.replace(steps_per_call=resume.steps_per_call)
+    folder = resume.run_folder
+    if folder is None or rank_zero_only.rank != 0:
+        return config.replace(**_folder_settings(folder, resume)) if folder else config
+    done = finished_results(folder)
+    if done is not None:
+        raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "
+                          f"{done['weights']}); nothing to resume, nothing written")
+    remove_partial_files(folder)
+    roll_back_logs(folder, resume.record.get("logs", {}))
+    return config.replace(**_folder_settings(folder, resume))
+
+
+def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:
+    """``logdir``, ``name`` and ``run_version`` of ``folder``, spelled as its run spelled them where they match
+    (the checkpoint callbacks restore their state only into the same folder name)."""
+    saved = resume.record.get("config", {})
+    logdir, name = str(folder.parent.parent), folder.parent.name
+    if saved.get("logdir") and saved.get("name") == name and \
+            Path(saved["logdir"], name).resolve() == folder.parent.resolve():
+        logdir = saved["logdir"]
+    return {"logdir": logdir, "name": name, "run_version": folder.name}
+
+
+def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
+    """``--init-from``: a new run starts from a checkpoint's weights (its optimizer and schedule are new)."""
+    weights = initial_weights(config)
+    if weights is None:
+        return
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
+                       line or "Unexpected" in line), str(err).splitlines()[0])
+        raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
+                        "use the model settings it was trained with (e.g. --hidden)") from None
+
+
+def fit(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule, resume: Resume | None,
+        stopper: StopAtSafePoints) -> tuple[str | None, str | None, float]:
+    """``trainer.fit``, stopped by a signal only where it can resume exactly; best and last checkpoints."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume.path) if resume else None)
+    except SIGTERMException:
+        raise stopper.signals.terminated(stopper.where(resume is not None)) from None
+    stopper.signals.check(stopper.where(resume is not None))
+    release_cuda_cache()
+    # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
+    return checkpoint_paths(trainer)
+
+
+def run_test(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule, best: str | None,
+             signals: StopSignals) -> dict[str, float]:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    except SIGTERMException:
+        raise signals.terminated("during the test; training is complete: continue with --resume last (it tests "
+                                 "and exports)") from None
+    release_cuda_cache()
+    return metrics
 
 
 def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
@@ -159,7 +271,7 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
 
 
 def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:
-    """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and ``results.json``; rank 0 only."""
+    """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
     result.run_dir = run_dir(trainer)
     result.weights = save_weights(model.model, config.export or result.run_dir / "model.pth")
@@ -171,12 +283,7 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
     test_acc = result.test_metrics.get("test/acc")
     log_hparams_with_results(trainer, hparams, {"hp/val_acc_best": result.best_val,
                                                 **({"hp/test_acc": test_acc} if test_acc is not None else {})})
-    write_results(result.run_dir / "results.json", {
-        **result.test_metrics, "val/acc_best": result.best_val, "best_checkpoint": result.best_checkpoint,
-        "last_checkpoint": result.last_checkpoint, "weights": str(result.weights),
-        "global_batch": result.global_batch, "world_size": result.world_size, "precision": config.precision,
-        "lr": config.lr,
-    })
+    write_results(result.run_dir / "results.json", result.record())
 
 
 @contextmanager
@@ -193,7 +300,11 @@ def reported_failures() -> Iterator[None]:
     except MisconfigurationException as err:  # Lightning's word on a setting (often a --trainer. one)
         raise UsageError(str(err).splitlines()[0]) from None
     except SIGTERMException:
-        raise Terminated("stopped by SIGTERM after saving last.ckpt; continue with --resume last") from None
+        raise Terminated("stopped by SIGTERM") from None
+    except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
+        where = f" writing {err.filename}" if err.filename else ""
+        raise UserError(f"cannot continue{where} ({err.strerror or err}); the newest complete checkpoint is "
+                        "kept: free space and continue with --resume last") from None
     except torch.OutOfMemoryError as err:
         first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
         raise UserError(

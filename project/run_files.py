@@ -1,11 +1,13 @@
-"""What a run writes beside its checkpoints: config.yaml, results.json, TensorBoard's TEXT and HPARAMS."""
+"""A run's folder and what it writes beside its checkpoints: config.yaml, results.json, TensorBoard's TEXT and
+HPARAMS; the folder claimed atomically, and its logs rolled back to a checkpoint when a run resumes."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +20,19 @@ from project.config import RunConfig
 from project.errors import UsageError
 from project.tensorboard_figures import tensorboard_of
 
+RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
+LOG_FILES = re.compile(r"events\.out\.tfevents\..*|metrics\.csv")  # the loggers' append-only files
+
 
 def check_outputs_writable(config: RunConfig) -> None:
-    """Report an unwritable log folder or export path now, not after training."""
+    """Report an unwritable or full log folder, or a bad export path, now and not after training."""
     if config.fast_dev_run:
         return
     _check_writable_dir(Path(config.logdir), "--logdir")
     named = Path(config.logdir) / config.name / (config.run_version or "")
-    # Other ranks start after rank 0 has made the folder.
-    if config.run_version and named.exists() and rank_zero_only.rank == 0:
+    if config.run_version and named.exists() and rank_zero_only.rank == 0 and not config.resume:
         raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
-                         "choose another")
+                         "choose another (or continue it with --resume)")
     exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
     for flag, value, example in exports:
         if not value:
@@ -42,12 +46,92 @@ def check_outputs_writable(config: RunConfig) -> None:
 
 
 def _check_writable_dir(folder: Path, flag: str) -> None:
+    """A real write of a checkpoint-sized block: an empty file fits on a full disk too."""
+    probe = folder / f".write-test-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        with open(probe, "wb") as stream:
+            stream.write(b"\0" * (1 << 20))
+            stream.flush()
+            os.fsync(stream.fileno())
     except OSError as err:
         raise UsageError(f"{flag} {folder}: cannot write there ({err.strerror or err})") from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def claim_run_folder(config: RunConfig) -> RunConfig:
+    """Make the run's folder now, atomically (``mkdir`` fails if it exists): runs started at the same
+    moment never share one. Rank 0 claims it; the ranks Lightning starts later are told its name."""
+    if config.fast_dev_run:
+        return config
+    if rank_zero_only.rank != 0:
+        return config.replace(run_version=os.environ.get(RUN_VERSION_ENV, config.run_version))
+    parent = Path(config.logdir) / config.name
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if config.run_version:
+            (parent / config.run_version).mkdir(exist_ok=bool(config.resume))
+            version = config.run_version
+        else:
+            version = _next_free_version(parent)
+    except FileExistsError:
+        raise UsageError(f"--run-version {config.run_version}: {parent / str(config.run_version)} exists; runs never "
+                         "share a folder, choose another") from None
+    except OSError as err:
+        raise UsageError(f"--logdir {config.logdir}: cannot make the run folder in {parent} "
+                         f"({err.strerror or err})") from None
+    os.environ[RUN_VERSION_ENV] = version
+    return config.replace(run_version=version)
+
+
+def _next_free_version(parent: Path) -> str:
+    taken = [int(p.name[8:]) for p in parent.glob("version_*") if re.fullmatch(r"version_\d+", p.name)]
+    number = max(taken, default=-1) + 1
+    while True:
+        try:
+            (parent / f"version_{number}").mkdir()
+            return f"version_{number}"
+        except FileExistsError:  # another run took it a moment ago
+            number += 1
+
+
+def log_sizes(folder: Path) -> dict[str, int]:
+    """The loggers' files and their sizes: what a checkpoint records of the logs written before it."""
+    return {p.name: p.stat().st_size for p in folder.iterdir() if LOG_FILES.fullmatch(p.name)} \
+        if folder.is_dir() else {}
+
+
+def roll_back_logs(folder: Path, sizes: dict[str, int]) -> None:
+    """Cut the logs back to what they held when the checkpoint was saved, so that a resumed run's curves
+    continue with no gap and no overlap: anything logged after it is logged again by the resumed run."""
+    for path in folder.iterdir():
+        if not LOG_FILES.fullmatch(path.name):
+            continue
+        if path.name not in sizes:
+            path.unlink()  # written after the checkpoint
+        elif path.stat().st_size > sizes[path.name]:
+            with open(path, "r+b") as stream:
+                stream.truncate(sizes[path.name])
+
+
+def remove_partial_files(folder: Path) -> None:
+    """Temporary files a killed save left behind (``.last.ckpt.XXXX.tmp``)."""
+    for sub in (folder, folder / "checkpoints"):
+        if sub.is_dir():
+            for path in sub.glob(".*.tmp"):
+                path.unlink(missing_ok=True)
+
+
+def finished_results(folder: Path) -> dict[str, Any] | None:
+    """A run is finished once its ``results.json`` names weights that exist; those results."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    weights = results.get("weights")
+    return results if weights and Path(weights).is_file() else None
 
 
 def save_config(trainer: L.Trainer, config: RunConfig) -> Path:

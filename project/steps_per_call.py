@@ -174,6 +174,8 @@ class SharedStepCount(Callback):
     AUTOMATIC = "epoch_loop.automatic_optimization.optim_progress"
     MANUAL = "epoch_loop.manual_optimization.optim_step_progress"
 
+    BATCHES = "epoch_loop.batch_progress"
+
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         loops = checkpoint.get("loops", {}).get("fit_loop", {})
@@ -183,6 +185,26 @@ class SharedStepCount(Callback):
         counted = max(automatic, manual, key=lambda progress: progress["total"]["completed"])
         loops[self.AUTOMATIC]["optimizer"]["step"] = copy.deepcopy(counted)
         loops[self.MANUAL] = copy.deepcopy(counted)
+        self._count_batches_as_steps(loops, checkpoint, getattr(pl_module, "steps_per_call", 1), trainer)
+
+    def _count_batches_as_steps(self, loops: dict[str, Any], checkpoint: dict[str, Any], k: int,
+                                trainer: L.Trainer) -> None:
+        """Resuming with K = 1 what K > 1 wrote: Lightning's count of this epoch's batches was in groups.
+
+        With K = 1 the loader has a length, and Lightning ends the epoch by that count (without its
+        validation, if the count falls short): it must count the optimizer steps already taken.
+        """
+        saved_k = checkpoint.get("run_record", {}).get("steps_per_call", 1)
+        position = next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)
+        datamodule = getattr(trainer, "datamodule", None)
+        if k != 1 or saved_k == 1 or position is None or self.BATCHES not in loops or datamodule is None:
+            return
+        steps_done = -(-int(position["samples_done"]) // datamodule.batch_size)
+        progress = loops[self.BATCHES]
+        shift = steps_done - progress["current"]["ready"]
+        for counts in (progress["current"], progress["total"]):
+            for key in counts:
+                counts[key] += shift
 
 
 class StepProgressBar(TQDMProgressBar):

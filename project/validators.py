@@ -123,6 +123,14 @@ def integer(value: Any) -> int:
     return int(_number(value, int))
 
 
+def seed_value(value: Any) -> int:
+    """A seed NumPy and Lightning accept: 0 to 2**32 - 1."""
+    number = _number(value, int)
+    if not 0 <= number < 2**32:
+        raise ValueError(f"must be between 0 and {2**32 - 1}, got {value}")
+    return int(number)
+
+
 def top_k(value: Any) -> int:
     """A count of checkpoints to keep, or -1 for all (Lightning's ``save_top_k``)."""
     number = _number(value, int)

@@ -15,11 +15,18 @@ from project.errors import run_cli  # noqa: E402
 
 
 def main(config: RunConfig, started: float) -> int:
-    from project.run import train
+    from project.run import test_line, train
 
-    result = train(config, figures_in_background=True)  # print first, draw while printing
+    printed = []  # the test metrics, as soon as they exist: nothing that fails later can lose them
+
+    def print_test_metrics(metrics: dict[str, float]) -> None:
+        print(test_line(metrics), flush=True)
+        printed.append(True)
+
+    result = train(config, figures_in_background=True, on_tested=print_test_metrics)  # draw while printing
     if result.is_global_zero:
-        print(f"{result.summary()}\nwall time {time.perf_counter() - started:.1f} s", flush=True)
+        print(f"{result.summary(with_test_metrics=not printed)}\nwall time {time.perf_counter() - started:.1f} s",
+              flush=True)
     return 0
 
 

@@ -1,0 +1,126 @@
+"""How a run stops on SIGTERM or Ctrl-C: at a point it can resume from exactly, the same step on every rank.
+
+The signal handler only notes the signal. The run acts on it at safe points: after a training
+step (when no validation is due), after the epoch's validation (the epoch-end ``last.ckpt`` is
+then the resume point), or between the run's phases (fit, test, export). A validation is never
+cut in half, so a resumed run validates exactly when the uninterrupted one did. Under DDP the
+ranks agree (an all-reduce of what each saw) before any of them stops, so a signal to any one
+rank stops them all after the same step. A second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.errors import Terminated
+
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
+class StopSignals:
+    """Notes SIGTERM and SIGINT for the whole run; ``stop_now`` tells whether one came."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def note(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            print("\ninterrupted again: stopping now", file=sys.stderr, flush=True)
+            os._exit(128 + signal.SIGINT)
+        self.received = self.received or signum
+
+    def install(self) -> None:
+        for signum in NAMES:
+            signal.signal(signum, self.note)
+
+    def terminated(self, what: str) -> Terminated:
+        """The exception that ends the run, its message saying what really happened."""
+        name = NAMES.get(self.received or signal.SIGTERM, "a signal")
+        error = Terminated(f"stopped by {name} {what}")
+        error.exit_code = 128 + int(self.received or signal.SIGTERM)
+        return error
+
+    def check(self, what: str) -> None:
+        """Between phases: stop here if a signal came."""
+        if self.received is not None:
+            raise self.terminated(what)
+
+
+@contextmanager
+def stop_signals() -> Iterator[StopSignals]:
+    """The run's handler for its whole length (in the main thread); the previous handlers after."""
+    signals = StopSignals()
+    try:
+        previous = {signum: signal.getsignal(signum) for signum in NAMES}
+        signals.install()
+    except ValueError:  # not the main thread: leave signals to whoever owns them
+        yield signals
+        return
+    try:
+        yield signals
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class StopAtSafePoints(Callback):
+    """Acts on a noted signal where the run can resume exactly (see the module's docstring)."""
+
+    def __init__(self, signals: StopSignals) -> None:
+        self.signals = signals
+        self.stopped_at: int | None = None
+
+    def where(self, resumed: bool) -> str:
+        """Where the run stopped, and what to do next, for the one line it ends with."""
+        if self.stopped_at is None:
+            return "before its first training step; nothing new to save: " + \
+                ("continue with --resume last" if resumed else "start it again")
+        return f"after step {self.stopped_at}; last.ckpt holds that step: continue with --resume last"
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning registered its own handler, which stops mid-validation; the run's comes back.
+        self.signals.install()
+        if self._agreed(trainer):
+            raise SIGTERMException()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._agreed(trainer) and not _validation_due(trainer):
+            self.stopped_at = trainer.global_step
+            trainer._signal_connector.received_sigterm = True  # noqa: SLF001 - what Lightning's hooks read
+            raise SIGTERMException()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._agreed(trainer):
+            self.stopped_at = trainer.global_step
+            trainer.should_stop = True  # fit() ends after this epoch's hooks, its last.ckpt written
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        seen = self.signals.received is not None
+        if trainer.world_size == 1:
+            return seen
+        flag = torch.tensor([int(seen)], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item() and not seen:
+            self.signals.received = signal.SIGTERM  # another rank got it
+        return bool(flag.item())
+
+
+def _validation_due(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after this training step (the epoch's last, or a val_check_interval)."""
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))  # noqa: SLF001 - Lightning's own rule
+    except (AttributeError, TypeError):
+        return bool(loop.batch_progress.is_last_batch)
