@@ -45,6 +45,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
 
+def validation_due(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after this training step (the epoch's last, or a val_check_interval):
+    no place to stop or to take a resume point."""
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))  # noqa: SLF001 - Lightning's own rule
+    except (AttributeError, TypeError):
+        return bool(loop.batch_progress.is_last_batch)
+
+
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, every epoch and optionally every N steps.
 
@@ -61,6 +71,13 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._started_at = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Not where a validation follows: resumed from there, Lightning would skip that validation.
+        # The save after it (at the epoch's end) holds the same step, validated.
+        if not validation_due(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -81,21 +98,26 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class RunRecord(Callback):
-    """Writes into every checkpoint what a resume must know of its run: the settings it trained with,
-    its steps per call, and how much of each log file was written when it was saved."""
+    """Writes into every checkpoint what a resume must know of its run (the settings it trained with, its
+    steps per call), and keeps the logs on disk up to each checkpoint: a killed run loses no logged step
+    before its newest checkpoint (a resume cuts the logs back to that checkpoint)."""
 
     def __init__(self, config: Any, steps_per_call: int) -> None:
         self.config, self.steps_per_call = config, steps_per_call
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        from project.build import run_dir
-        from project.run_files import log_sizes
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call}
+        self._flush(trainer)
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step % trainer.log_every_n_steps == 0:  # the step before was logged (after its hooks)
+            self._flush(trainer)
+
+    def _flush(self, trainer: L.Trainer) -> None:
         for logger in trainer.loggers:
-            logger.save()  # flushed, so the sizes cover everything logged before this checkpoint
-        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call,
-                                    "logs": log_sizes(run_dir(trainer)) if trainer.is_global_zero else {}}
+            logger.save()
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

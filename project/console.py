@@ -21,8 +21,10 @@ QUIET_WARNINGS = (
     r".*Checkpoint directory .* exists and is not empty.*",
     r".*your dataloader is not resumable.*",
 )
-# Advertising, and the tuner's note on reloading its own temporary checkpoint.
-QUIET_LOG_PREFIXES = ("💡 Tip:", "`weights_only` was not set")
+# Advertising, the tuner's note on reloading its own temporary checkpoint, and Lightning's note on the
+# checkpoint saved when a run stops (the run's own stop message says it in one line).
+QUIET_LOG_PREFIXES = ("💡 Tip:", "`weights_only` was not set", "An SIGTERMException was raised",
+                      "An KeyboardInterrupt was raised")
 
 
 class _DropAdverts(logging.Filter):

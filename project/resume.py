@@ -24,8 +24,9 @@ class Resume:
     """The checkpoint a run continues from, and what it recorded of the run that wrote it."""
 
     path: Path
-    record: dict[str, Any]  # checkpoint["run_record"]: the run's settings, K, its log files' sizes
+    record: dict[str, Any]  # checkpoint["run_record"]: the settings its run trained with, and its K
     steps_per_call: int | None
+    global_step: int
 
     @property
     def run_folder(self) -> Path | None:
@@ -54,12 +55,13 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     total = schedules[0].get("total_steps")
     if total is not None and train_size is not None:
         check_schedule_length(total, planned_steps(config, train_size, world_size))
-    return Resume(Path(path), record, record.get("steps_per_call"))
+    return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)))
 
 
 def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
     """Refuse, naming the flag, any setting that would change what the checkpoint's run trains."""
-    now = config.to_mapping()
+    now = {**config.to_mapping(), "precision": _full_precision(config.precision)}
+    saved = {**saved, **({"precision": _full_precision(saved["precision"])} if "precision" in saved else {})}
     keys = [*TRAINED, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
     differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
                  if key in saved and saved[key] != now.get(key)]
@@ -71,6 +73,12 @@ def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) ->
         raise UserError(f"{flag} {_shown(after)}: the checkpoint's run trained with {flag} {_shown(before)}, and a "
                         f"resume continues that run; resume with {flag} {_shown(before)}, or start a new run from "
                         f"its weights with --init-from {path}")
+
+
+def _full_precision(precision: str) -> str:
+    """Lightning's short names for precisions (``32`` is ``32-true``)."""
+    return {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(str(precision),
+                                                                                      str(precision))
 
 
 def _shown(value: Any) -> str:

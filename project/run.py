@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -170,6 +171,9 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
                           "--resume last")
             with reported_failures():
                 write_outputs(trainer, model, result)
+            if signals.received is not None:
+                print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the "
+                      "run is finished", file=sys.stderr, flush=True)
     figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
     if figures is not None and figures.drawing is not None and not figures_in_background:
         figures.drawing.join()
@@ -180,7 +184,8 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     """A resume continues in the folder of the run it resumes, with the steps per call that run took.
 
     Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
-    of a killed save removed. A finished run is left alone, in one line.
+    of a killed save removed. A finished run is left alone, in one line, unless this one asks for more
+    epochs (possible without a fixed-length schedule): then the run goes on in its folder.
     """
     if resume is None:
         return config
@@ -190,11 +195,11 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     if folder is None or rank_zero_only.rank != 0:
         return config.replace(**_folder_settings(folder, resume)) if folder else config
     done = finished_results(folder)
-    if done is not None:
+    if done is not None and config.max_epochs == resume.record.get("config", {}).get("max_epochs"):
         raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "
                           f"{done['weights']}); nothing to resume, nothing written")
     remove_partial_files(folder)
-    roll_back_logs(folder, resume.record.get("logs", {}))
+    roll_back_logs(folder, resume.global_step)
     return config.replace(**_folder_settings(folder, resume))
 
 

@@ -3,11 +3,13 @@ HPARAMS; the folder claimed atomically, and its logs rolled back to a checkpoint
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,6 @@ from project.errors import UsageError
 from project.tensorboard_figures import tensorboard_of
 
 RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
-LOG_FILES = re.compile(r"events\.out\.tfevents\..*|metrics\.csv")  # the loggers' append-only files
 
 
 def check_outputs_writable(config: RunConfig) -> None:
@@ -57,7 +58,10 @@ def _check_writable_dir(folder: Path, flag: str) -> None:
     except OSError as err:
         raise UsageError(f"{flag} {folder}: cannot write there ({err.strerror or err})") from None
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder was not there to write in: reported above
 
 
 def claim_run_folder(config: RunConfig) -> RunConfig:
@@ -96,23 +100,53 @@ def _next_free_version(parent: Path) -> str:
             number += 1
 
 
-def log_sizes(folder: Path) -> dict[str, int]:
-    """The loggers' files and their sizes: what a checkpoint records of the logs written before it."""
-    return {p.name: p.stat().st_size for p in folder.iterdir() if LOG_FILES.fullmatch(p.name)} \
-        if folder.is_dir() else {}
+def roll_back_logs(folder: Path, step: int) -> None:
+    """Cut the logs back to the checkpoint at ``step``, so that a resumed run's curves continue with no gap
+    and no overlap: what was logged at steps from ``step`` on is logged again by the resumed run.
+
+    Lightning logs optimizer step N's metrics (and the validation after it) at step N - 1, so the
+    checkpoint taken after step N holds exactly what is logged below N.
+    """
+    stamps = [0]
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("events.out.tfevents."):
+            _keep_events_before(path, step)
+            stamps.append(int(path.name.split(".")[3]))
+        elif path.name == "metrics.csv":
+            _keep_rows_before(path, step)
+    # TensorBoard reads a folder's event files in name order, which starts with the second they were
+    # made in: the resumed run's must come after the old ones, or its steps look like a restart.
+    while int(time.time()) <= max(stamps):
+        time.sleep(0.05)
 
 
-def roll_back_logs(folder: Path, sizes: dict[str, int]) -> None:
-    """Cut the logs back to what they held when the checkpoint was saved, so that a resumed run's curves
-    continue with no gap and no overlap: anything logged after it is logged again by the resumed run."""
-    for path in folder.iterdir():
-        if not LOG_FILES.fullmatch(path.name):
-            continue
-        if path.name not in sizes:
-            path.unlink()  # written after the checkpoint
-        elif path.stat().st_size > sizes[path.name]:
-            with open(path, "r+b") as stream:
-                stream.truncate(sizes[path.name])
+def _keep_events_before(path: Path, step: int) -> None:
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    records = list(RawEventFileLoader(str(path)).Load())
+    kept = [record for record in records if Event.FromString(record).step < step]
+    if len(kept) == len(records):
+        return
+    cut = path.with_name(f".{path.name}.cut")
+    with open(cut, "wb") as stream:
+        writer = RecordWriter(stream)
+        for record in kept:
+            writer.write(record)
+    os.replace(cut, path)
+
+
+def _keep_rows_before(path: Path, step: int) -> None:
+    with open(path, newline="") as stream:
+        rows = list(csv.reader(stream))
+    if not rows or "step" not in rows[0]:
+        return
+    column = rows[0].index("step")
+    kept = [rows[0]] + [row for row in rows[1:] if not row[column] or float(row[column]) < step]
+    if len(kept) < len(rows):
+        with open(path, "w", newline="") as stream:
+            csv.writer(stream).writerows(kept)
 
 
 def remove_partial_files(folder: Path) -> None:

@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.checkpointing import validation_due
 from project.errors import Terminated
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
@@ -44,10 +45,12 @@ class StopSignals:
         for signum in NAMES:
             signal.signal(signum, self.note)
 
+    def name(self) -> str:
+        return NAMES.get(self.received or signal.SIGTERM, "a signal")
+
     def terminated(self, what: str) -> Terminated:
         """The exception that ends the run, its message saying what really happened."""
-        name = NAMES.get(self.received or signal.SIGTERM, "a signal")
-        error = Terminated(f"stopped by {name} {what}")
+        error = Terminated(f"stopped by {self.name()} {what}")
         error.exit_code = 128 + int(self.received or signal.SIGTERM)
         return error
 
@@ -96,10 +99,10 @@ class StopAtSafePoints(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._agreed(trainer) and not _validation_due(trainer):
+        if self._agreed(trainer) and not validation_due(trainer):
             self.stopped_at = trainer.global_step
-            trainer._signal_connector.received_sigterm = True  # noqa: SLF001 - what Lightning's hooks read
-            raise SIGTERMException()
+            # Lightning's own stop: it raises SIGTERMException once this step's metrics are logged.
+            trainer._signal_connector.received_sigterm = True  # noqa: SLF001
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._agreed(trainer):
@@ -115,12 +118,3 @@ class StopAtSafePoints(Callback):
         if flag.item() and not seen:
             self.signals.received = signal.SIGTERM  # another rank got it
         return bool(flag.item())
-
-
-def _validation_due(trainer: L.Trainer) -> bool:
-    """Whether Lightning validates right after this training step (the epoch's last, or a val_check_interval)."""
-    loop = trainer.fit_loop.epoch_loop
-    try:
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))  # noqa: SLF001 - Lightning's own rule
-    except (AttributeError, TypeError):
-        return bool(loop.batch_progress.is_last_batch)

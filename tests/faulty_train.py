@@ -1,10 +1,14 @@
-"""``scripts/train.py`` with one fault injected: rank FAIL_RANK runs out of memory at step FAIL_STEP.
+"""``scripts/train.py`` with one fault injected, in every process (DDP re-runs this script for each rank).
 
-DDP re-runs this script for every rank, so the fault callback is in each process and only the
-chosen rank fires it. Started by tests/test_faults.py.
+``FAIL_RANK`` and ``FAIL_STEP``: that rank runs out of memory at that step. ``STOP_AT`` (``PHASE:SIGNAL``):
+the process sends itself SIGNAL (TERM, INT or KILL) at PHASE: ``start`` (before the first step),
+``step-N`` (after the Lightning step that reaches optimizer step N), ``validation-E`` (mid-way through
+epoch E's validation, from 0), ``test`` (mid-way through the test) or ``export`` (while ``model.pth`` is
+written). Started by the tests.
 """
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,9 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from project import run  # noqa: E402
 from project.cli import parse_run_config  # noqa: E402
 from project.errors import run_cli  # noqa: E402
-from project.run import train  # noqa: E402
 
 
 class FailAt(L.Callback):
@@ -28,10 +32,51 @@ class FailAt(L.Callback):
                                          f"{trainer.global_step})")
 
 
+class StopAt(L.Callback):
+    """Sends the signal once, at the phase asked for."""
+
+    def __init__(self, phase: str, signum: int) -> None:
+        self.phase, self.signum, self.sent = phase, signum, False
+
+    def send(self, phase: str, step: int | None = None) -> None:
+        if step is not None and self.phase.startswith("step-"):
+            phase = self.phase if step >= int(self.phase[5:]) else ""  # K > 1: steps come in groups
+        if phase == self.phase and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+    def on_train_start(self, trainer, pl_module):
+        self.send("start")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.send("step", trainer.global_step)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking and batch_idx == 1:
+            self.send(f"validation-{trainer.current_epoch}")
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == 1:
+            self.send("test")
+
+
 def main() -> int:
     config = parse_run_config()
-    fault = FailAt(int(os.environ["FAIL_RANK"]), int(os.environ["FAIL_STEP"]))
-    run_cli(lambda: train(config, callbacks=[fault]) and 0, "train.py", debug=config.debug)
+    callbacks = []
+    if "FAIL_RANK" in os.environ:
+        callbacks.append(FailAt(int(os.environ["FAIL_RANK"]), int(os.environ["FAIL_STEP"])))
+    if "STOP_AT" in os.environ:
+        phase, name = os.environ["STOP_AT"].split(":")
+        stop = StopAt(phase, getattr(signal, f"SIG{name}"))
+        callbacks.append(stop)
+        save_weights = run.save_weights
+
+        def interrupted_save(*args, **kwargs):
+            stop.send("export")
+            return save_weights(*args, **kwargs)
+
+        run.save_weights = interrupted_save
+    run_cli(lambda: run.train(config, callbacks=callbacks) and 0, "train.py", debug=config.debug)
     return 0
 
 

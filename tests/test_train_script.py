@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -63,19 +64,22 @@ def test_a_run_writes_scalars_checkpoints_weights_and_real_hparams(trained):
     assert state["epoch"] == 1 and state["hyper_parameters"]["hidden"] == [2]
 
 
-def test_resume_continues_from_last_and_refuses_another_model(trained, tmp_path):
-    last = trained["run"] / "checkpoints" / "last.ckpt"
+def test_resume_continues_in_its_folder_and_refuses_another_model(trained, tmp_path):
+    """More epochs of a finished run without a fixed schedule: the same run goes on, in its own folder."""
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    shutil.copytree(trained["run"], run)  # the shared run stays as it is
     config = tiny_config(trained["data"], tmp_path / "logs", max_epochs=3, hidden=[2], lr=0.05, scheduler="none",
-                         resume=str(last))
+                         resume=str(run / "checkpoints" / "last.ckpt"))
     result = train(config)
-    new_run = tmp_path / "logs" / "mnist" / "version_0"
-    assert result.run_dir == new_run
-    assert torch.load(new_run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 2
-    assert len(event_accumulator(new_run).Scalars("val/acc")) == 1  # only the one new epoch was trained
+    assert result.run_dir == run and [p.name for p in run.parent.iterdir()] == ["version_0"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 2
+    assert [e.step for e in event_accumulator(run).Scalars("val/acc")] == [6, 13, 20]  # two old epochs, one new
 
-    with pytest.raises(UserError, match=r"the checkpoint has hidden sizes \[2\], this run asks for \[64\]"):
+    with pytest.raises(UserError, match=r"^--hidden 64: the checkpoint's run trained with --hidden 2, and a resume "
+                                        r"continues that run; resume with --hidden 2, or start a new run from its "
+                                        r"weights with --init-from "):
         checkpoint_to_resume(config.replace(hidden=[64]))
-    assert checkpoint_to_resume(config.replace(resume="last")) == str(new_run / "checkpoints" / "last.ckpt")
+    assert checkpoint_to_resume(config.replace(resume="last")).path == run / "checkpoints" / "last.ckpt"
 
 
 def test_trainer_pass_through_reaches_the_trainer_and_config_yaml(tiny_mnist, tmp_path):

@@ -1,0 +1,230 @@
+"""Every restart is right: a run stopped at any phase, by SIGTERM, Ctrl-C or kill -9, and resumed with the same
+flags ends as the run that was never stopped (weights, validations, best checkpoint, test metrics, model.pth,
+TensorBoard curves), in its one folder; what would change the run is refused; runs never share a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import (
+    ROOT,
+    TRAIN,
+    assert_same_training_state,
+    event_accumulator,
+    make_tiny_mnist,
+    tiny_config,
+)
+from project.errors import NothingToDo, UserError
+from project.run import train
+
+FAULTY = str(ROOT / "tests" / "faulty_train.py")
+# 640 training images in batches of 32: 20 steps an epoch; 40 validation images in batches of 8 (5 batches),
+# 80 test images (10 batches), so that a signal can land mid-way through either.
+FLAGS = ("--batch-size", "32", "--val-size", "40", "--eval-batch-size", "8", "--checkpoint-every-n-steps", "3",
+         "--log-every-n-steps", "2", "--accelerator", "cpu", "--max-epochs", "3")
+SETTINGS = {"batch_size": 32, "val_size": 40, "eval_batch_size": 8, "checkpoint_every_n_steps": 3,
+            "log_every_n_steps": 2, "accelerator": "cpu", "max_epochs": 3}
+TAGS = ("val/acc", "val/loss", "train/loss")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_mnist(tmp_path_factory.mktemp("restarts") / "data", n_train=680, n_test=80)
+
+
+@pytest.fixture(scope="module")
+def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The run never stopped, with what every stopped and resumed run must end equal to."""
+    result = train(tiny_config(data, tmp_path_factory.mktemp("reference") / "logs", **SETTINGS))
+    return outcome(result.run_dir)
+
+
+def outcome(run: Path) -> dict:
+    results = json.loads((run / "results.json").read_text())
+    events = event_accumulator(run)
+    return {"model": torch.load(run / "model.pth", weights_only=True),
+            "last": torch.load(run / "checkpoints" / "last.ckpt", weights_only=True),
+            "best": (Path(results["best_checkpoint"]).name, results["val/acc_best"]),
+            "test": (results["test/acc"], results["test/loss"]),
+            "curves": {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in TAGS}}
+
+
+def assert_same_run(resumed: dict, reference: dict) -> None:
+    assert resumed["model"].keys() == reference["model"].keys()
+    assert all(torch.equal(resumed["model"][k], reference["model"][k]) for k in reference["model"])
+    assert_same_training_state(resumed["last"], reference["last"])
+    assert resumed["best"] == reference["best"] and resumed["test"] == reference["test"]
+    assert resumed["curves"] == reference["curves"]  # every validation, no step missing or logged twice
+
+
+def stop(data: Path, logdir: Path, phase: str, signal_name: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STOP_AT": f"{phase}:{signal_name}"}
+    return subprocess.run([sys.executable, FAULTY, "--data-dir", str(data), "--logdir", str(logdir), *FLAGS, *extra],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+# What the stopped run says: one line, true to where it stopped.
+SAID = {
+    "step-25": "stopped by {name} after step {step}; last.ckpt holds that step: continue with --resume last",
+    "validation-0": "stopped by {name} after step 20; last.ckpt holds that step: continue with --resume last",
+    "validation-2": "stopped by {name} after step 60; last.ckpt holds that step: continue with --resume last",
+    "test": "stopped by {name} during the test; training is complete: continue with --resume last (it tests "
+            "and exports)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["TERM", "INT", "KILL"])
+@pytest.mark.parametrize("phase", ["step-25", "validation-0", "validation-2", "test", "export"])
+def test_a_run_stopped_at_any_phase_resumes_to_the_uninterrupted_run(data, reference, tmp_path, phase, signal_name):
+    if signal_name == "INT" and phase not in ("step-25", "validation-2"):
+        pytest.skip("Ctrl-C takes the same path as SIGTERM; two phases show it")
+    logdir = tmp_path / "logs"
+    stopped = stop(data, logdir, phase, signal_name)
+    run = logdir / "mnist" / "version_0"
+    lines = stopped.stderr.strip().splitlines()
+    if signal_name == "KILL":
+        assert stopped.returncode == -signal.SIGKILL
+    elif phase == "export":  # the outputs were being written: they are finished first
+        assert stopped.returncode == 0, stopped.stderr
+        assert lines[-1].endswith("came while the outputs were written; they are complete and the run is finished")
+    else:
+        name = {"TERM": "SIGTERM", "INT": "Ctrl-C"}[signal_name]
+        assert stopped.returncode == 128 + getattr(signal, f"SIG{signal_name}"), stopped.stderr
+        step = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+        assert lines[-1] == "train.py: error: " + SAID[phase].format(name=name, step=step)
+        assert sum("error" in line or "Traceback" in line for line in lines) == 1, stopped.stderr
+    if phase == "test":
+        assert "test/acc" not in stopped.stdout
+
+    config = tiny_config(data, logdir, **SETTINGS, resume="last")
+    if phase == "export" and signal_name != "KILL":
+        with pytest.raises(NothingToDo, match="is finished .*nothing to resume, nothing written"):
+            train(config)
+    else:
+        train(config)
+    assert [p.name for p in (logdir / "mnist").iterdir()] == ["version_0"]  # one run, one folder
+    assert not list(run.rglob(".*.tmp"))
+    assert_same_run(outcome(run), reference)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_first_step_says_so_and_saves_nothing(data, tmp_path):
+    stopped = stop(data, tmp_path / "logs", "start", "TERM")
+    assert stopped.returncode == 143
+    assert stopped.stderr.strip().splitlines()[-1] == ("train.py: error: stopped by SIGTERM before its first training "
+                                                       "step; nothing new to save: start it again")
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+def test_resuming_with_another_steps_per_call_changes_nothing(data, reference, tmp_path):
+    """Killed mid-epoch with 4 optimizer steps per Lightning step, resumed with 1 (a sized loader, which counts
+    its batches): the epoch still ends with its validation, and the run ends as if never stopped."""
+    logdir = tmp_path / "logs"
+    assert stop(data, logdir, "step-25", "KILL", "--steps-per-call", "4").returncode == -signal.SIGKILL
+    assert torch.load(logdir / "mnist" / "version_0" / "checkpoints" / "last.ckpt")["global_step"] < 40
+    train(tiny_config(data, logdir, **SETTINGS, resume="last", steps_per_call=1))
+    assert_same_run(outcome(logdir / "mnist" / "version_0"), reference)
+
+
+@pytest.fixture(scope="module")
+def one_epoch(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("one_epoch")
+    train(tiny_config(data, root / "logs", **{**SETTINGS, "max_epochs": 1}), test=False)
+    return root / "logs" / "mnist" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+CHANGES = [
+    ({"lr": 0.05}, "--lr 0.05: the checkpoint's run trained with --lr 0.2"),
+    ({"momentum": 0.0}, "--momentum 0.0: the checkpoint's run trained with --momentum 0.9"),
+    ({"weight_decay": 0.0}, "--weight-decay 0.0: the checkpoint's run trained with --weight-decay 0.0005"),
+    ({"optimizer": "adam"}, "--optimizer adam: the checkpoint's run trained with --optimizer sgd"),
+    ({"seed": 1}, "--seed 1: the checkpoint's run trained with --seed 0"),
+    ({"val_size": 80}, "--val-size 80: the checkpoint's run trained with --val-size 40"),
+    ({"batch_size": 16}, "--batch-size 16: the checkpoint's run trained with --batch-size 32"),
+    ({"hidden": [64]}, "--hidden 64: the checkpoint's run trained with --hidden 128"),
+    ({"max_epochs": 3, "scheduler": "none"},
+     "--scheduler none: the checkpoint's run trained with --scheduler onecycle"),
+    ({"max_epochs": 3}, "--max-epochs 3: the checkpoint's run trained with --max-epochs 1"),
+    ({"trainer": {"accumulate_grad_batches": 2}},
+     "--trainer.accumulate_grad_batches 2: the checkpoint's run trained with --trainer.accumulate_grad_batches (not"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), CHANGES)
+def test_a_resume_refuses_what_would_change_the_run_naming_the_flag(data, one_epoch, tmp_path, change, message):
+    settings = {**SETTINGS, "max_epochs": 1, **change}
+    before = sorted(p.relative_to(one_epoch.parents[3]) for p in one_epoch.parents[3].rglob("*"))
+    with pytest.raises(UserError) as err:
+        train(tiny_config(data, tmp_path / "elsewhere", **settings, resume=str(one_epoch)))
+    assert str(err.value).startswith(message)
+    assert str(err.value).endswith(f"or start a new run from its weights with --init-from {one_epoch}")
+    assert sorted(p.relative_to(one_epoch.parents[3]) for p in one_epoch.parents[3].rglob("*")) == before
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_init_from_starts_a_new_run_from_the_weights(data, one_epoch, tmp_path):
+    start = torch.load(one_epoch, weights_only=True)["state_dict"]
+    result = train(tiny_config(data, tmp_path / "logs", max_epochs=1, lr=1e-30, scheduler="none", momentum=0.0,
+                               weight_decay=0.0, init_from=str(one_epoch)), test=False)
+    assert result.run_dir == tmp_path / "logs" / "mnist" / "version_0"  # a new run, in a folder of its own
+    after = torch.load(result.last_checkpoint, weights_only=True)
+    assert after["global_step"] == 20  # its own schedule, from step 0
+    assert all(torch.allclose(after["state_dict"][k], start[k]) for k in start)  # an LR of 1e-30 moved nothing
+    with pytest.raises(UserError, match=r"--init-from .*: its weights do not fit this model \(size mismatch"):
+        train(tiny_config(data, tmp_path / "logs", max_epochs=1, hidden=[16], init_from=str(one_epoch)))
+
+
+@pytest.mark.slow
+def test_runs_started_together_never_share_a_folder(data, tmp_path):
+    procs = [subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path / "logs"),
+                               *FLAGS, "--max-epochs", "1", "--seed", str(seed)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    runs = sorted((tmp_path / "logs" / "mnist").iterdir())
+    assert [r.name for r in runs] == ["version_0", "version_1"]
+    folders = {line.split()[1].rsplit("/", 1)[0] for out, _ in outputs for line in out.splitlines()
+               if line.startswith("results ")}
+    assert folders == {str(r) for r in runs}  # each summary names its own folder
+    assert sorted(json.loads((r / "results.json").read_text())["weights"] for r in runs) == \
+        sorted(str(r / "model.pth") for r in runs)
+    assert {yaml_seed(r) for r in runs} == {1, 2}
+
+
+def yaml_seed(run: Path) -> int:
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())["seed"]
+
+
+def test_resuming_a_finished_run_says_so_and_writes_nothing(data, tmp_path):
+    logs = tmp_path / "logs"
+    train(tiny_config(data, logs, **{**SETTINGS, "max_epochs": 1}))
+    before = {p: p.stat().st_mtime_ns for p in logs.rglob("*")}
+    done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logs), *FLAGS,
+                           "--max-epochs", "1", "--resume", "last"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1].startswith(f"train.py: {logs / 'mnist' / 'version_0'} is finished")
+    assert {p: p.stat().st_mtime_ns for p in logs.rglob("*")} == before
+
+
+def test_a_killed_save_leaves_no_temporary_file_after_the_resume(data, one_epoch, tmp_path):
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    shutil.copytree(one_epoch.parents[1], run)
+    (run / "results.json").unlink()  # not finished: stopped before it wrote its results
+    stray = run / "checkpoints" / ".last.ckpt.k3j4.tmp"
+    stray.write_bytes(b"half a checkpoint")
+    train(tiny_config(data, tmp_path / "logs", **{**SETTINGS, "max_epochs": 1},
+                      resume=str(run / "checkpoints" / "last.ckpt")), test=False)
+    assert not stray.exists()
