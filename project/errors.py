@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
@@ -50,8 +51,17 @@ class ImageError(UserError):
     """A file that is not a usable image of a digit."""
 
 
+def _quiet_write_failures(args: threading.ExceptHookArgs) -> None:
+    """A helper thread's failed write (TensorBoard's writer, the figures) reaches the main thread, which says
+    it in one line; the thread's own traceback would only repeat it."""
+    if not issubclass(args.exc_type, OSError):
+        threading.__excepthook__(args)
+
+
 def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> NoReturn:
     """Run a script's ``main``, turning ``UserError`` into one line on stderr (``debug``: the traceback too)."""
+    if not debug:
+        threading.excepthook = _quiet_write_failures
     try:
         code = main()
         # Leave torch's and Lightning's large object graph out of the collection Python runs at

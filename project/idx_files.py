@@ -32,6 +32,13 @@ def missing_files(data_dir: Path) -> list[str]:
 
 def ensure_mnist(data_dir: Path, download: bool) -> None:
     """Download MNIST only when a file is missing; explain what is needed when that fails; check the files."""
+    try:
+        _ensure_mnist(data_dir, download)
+    except PermissionError as err:
+        raise MNISTDataError(f"{err.filename or raw_folder(data_dir)}: no permission to read it") from None
+
+
+def _ensure_mnist(data_dir: Path, download: bool) -> None:
     if missing_files(data_dir) and download:
         from torchvision import datasets
 

@@ -169,7 +169,7 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
                 on_tested(result.test_metrics)
             signals.check("after the test (its metrics are above); model.pth is not written yet: continue with "
                           "--resume last")
-            with reported_failures():
+            with reported_failures("the test metrics are above and in results.json"):
                 write_outputs(trainer, model, result)
             if signals.received is not None:
                 print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the "
@@ -292,8 +292,9 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
 
 
 @contextmanager
-def reported_failures() -> Iterator[None]:
-    """Turn the failures a user causes or expects into one-line errors with a non-zero exit.
+def reported_failures(kept: str = "the newest complete checkpoint is kept") -> Iterator[None]:
+    """Turn the failures a user causes or expects into one-line errors with a non-zero exit (``kept``: what
+    survives a failed write, for its message).
 
     Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
     """
@@ -307,9 +308,9 @@ def reported_failures() -> Iterator[None]:
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM") from None
     except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
-        where = f" writing {err.filename}" if err.filename else ""
-        raise UserError(f"cannot continue{where} ({err.strerror or err}); the newest complete checkpoint is "
-                        "kept: free space and continue with --resume last") from None
+        where = f" {err.filename}" if err.filename else " the run's files"
+        raise UserError(f"cannot write{where} ({err.strerror or err}); {kept}: free space and continue with "
+                        "--resume last") from None
     except torch.OutOfMemoryError as err:
         first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
         raise UserError(

@@ -71,7 +71,9 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
     """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``."""
     from project.devices import expected_world_size, resolve_accelerator
 
-    k, reason = choose_steps_per_call(config, expected_world_size(config),
+    world_size = expected_world_size(config)
+    shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
+    k, reason = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
                                       torch.device(resolve_accelerator(config.accelerator)))
     if k > 1:
         datamodule.setup("fit")

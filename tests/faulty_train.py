@@ -1,21 +1,25 @@
 """``scripts/train.py`` with one fault injected, in every process (DDP re-runs this script for each rank).
 
-``FAIL_RANK`` and ``FAIL_STEP``: that rank runs out of memory at that step. ``STOP_AT`` (``PHASE:SIGNAL``):
+``FAIL_RANK`` and ``FAIL_STEP``: that rank runs out of memory at that step. ``FILL_DISK`` (``PHASE:PATH``):
+at PHASE, the file system holding PATH is filled up. ``STOP_AT`` (``PHASE:SIGNAL``):
 the process sends itself SIGNAL (TERM, INT or KILL) at PHASE: ``start`` (before the first step),
 ``step-N`` (after the Lightning step that reaches optimizer step N), ``validation-E`` (mid-way through
 epoch E's validation, from 0), ``test`` (mid-way through the test) or ``export`` (while ``model.pth`` is
 written). Started by the tests.
 """
 
+import importlib.util
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from project import run  # noqa: E402
 from project.cli import parse_run_config  # noqa: E402
@@ -38,12 +42,15 @@ class StopAt(L.Callback):
     def __init__(self, phase: str, signum: int) -> None:
         self.phase, self.signum, self.sent = phase, signum, False
 
+    def act(self) -> None:
+        os.kill(os.getpid(), self.signum)
+
     def send(self, phase: str, step: int | None = None) -> None:
         if step is not None and self.phase.startswith("step-"):
             phase = self.phase if step >= int(self.phase[5:]) else ""  # K > 1: steps come in groups
         if phase == self.phase and not self.sent:
             self.sent = True
-            os.kill(os.getpid(), self.signum)
+            self.act()
 
     def on_train_start(self, trainer, pl_module):
         self.send("start")
@@ -60,14 +67,35 @@ class StopAt(L.Callback):
             self.send("test")
 
 
+class FillDiskAt(StopAt):
+    """Fills the file system of ``path`` (a real ENOSPC for every write after it), at the phase asked for."""
+
+    def __init__(self, phase: str, path: str) -> None:
+        super().__init__(phase, 0)
+        self.path = path
+
+    def act(self) -> None:
+        with open(self.path, "wb") as stream:
+            try:
+                while True:
+                    stream.write(b"\0" * 65536)
+                    stream.flush()
+            except OSError:
+                pass
+
+
 def main() -> int:
     config = parse_run_config()
     callbacks = []
     if "FAIL_RANK" in os.environ:
         callbacks.append(FailAt(int(os.environ["FAIL_RANK"]), int(os.environ["FAIL_STEP"])))
+    stop = None
     if "STOP_AT" in os.environ:
         phase, name = os.environ["STOP_AT"].split(":")
         stop = StopAt(phase, getattr(signal, f"SIG{name}"))
+    if "FILL_DISK" in os.environ:
+        stop = FillDiskAt(*os.environ["FILL_DISK"].split(":", 1))
+    if stop is not None:
         callbacks.append(stop)
         save_weights = run.save_weights
 
@@ -76,8 +104,19 @@ def main() -> int:
             return save_weights(*args, **kwargs)
 
         run.save_weights = interrupted_save
-    run_cli(lambda: run.train(config, callbacks=callbacks) and 0, "train.py", debug=config.debug)
+    train_script = _load_train_script()
+    plain_train = run.train
+    run.train = lambda config, **kwargs: plain_train(config, **kwargs, callbacks=callbacks)
+    run_cli(lambda: train_script.main(config, time.perf_counter()), "train.py", debug=config.debug)
     return 0
+
+
+def _load_train_script():
+    """``scripts/train.py`` itself (what it prints, and when), with ``train`` given the faults."""
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

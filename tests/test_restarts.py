@@ -228,3 +228,108 @@ def test_a_killed_save_leaves_no_temporary_file_after_the_resume(data, one_epoch
     train(tiny_config(data, tmp_path / "logs", **{**SETTINGS, "max_epochs": 1},
                       resume=str(run / "checkpoints" / "last.ckpt")), test=False)
     assert not stray.exists()
+
+
+# ---------------------------------------------------------------- a full disk: one line, nothing lost
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 16 MiB tmpfs: a real file system that fills up (mounting needs root)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(path: Path) -> None:
+    with open(path, "wb") as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 65536)
+                stream.flush()
+        except OSError:
+            pass
+
+
+def fill_at(data: Path, disk: Path, phase: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FILL_DISK": f"{phase}:{disk / 'filler'}"}
+    return subprocess.run([sys.executable, FAULTY, "--data-dir", str(data), "--logdir", str(disk / "logs"), *FLAGS],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def only_line(stderr: str) -> str:
+    """The one line a failed run says of its failure (around Lightning's usual notes and the epoch lines)."""
+    lines = [line for line in stderr.splitlines()
+             if line.startswith("train.py:") or any(word in line for word in ("Error", "Traceback", "Exception"))]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_start_is_one_line_and_writes_nothing(data, small_disk):
+    fill(small_disk / "filler")
+    done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(small_disk / "logs"),
+                           *FLAGS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert only_line(done.stderr) == (f"train.py: error: --logdir {small_disk / 'logs'}: cannot write there "
+                                      "(No space left on device)")
+    assert not list((small_disk / "logs").rglob("*"))
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(data, small_disk, reference):
+    done = fill_at(data, small_disk, "step-25")
+    assert done.returncode == 1
+    assert only_line(done.stderr) == ("train.py: error: cannot write the run's files (No space left on device); the "
+                                      "newest complete checkpoint is kept: free space and continue with --resume last")
+    run = small_disk / "logs" / "mnist" / "version_0"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 24
+    assert not list(run.rglob(".*.tmp"))
+    (small_disk / "filler").unlink()
+    train(tiny_config(data, small_disk / "logs", **SETTINGS, resume="last"))
+    assert_same_run(outcome(run), reference)
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_the_export_loses_no_test_metric(data, small_disk, reference):
+    done = fill_at(data, small_disk, "export")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0] == "test/acc {:.4f}   test/loss {:.4f}".format(*reference["test"])
+    assert only_line(done.stderr) == ("train.py: error: cannot write the run's files (No space left on device); the "
+                                      "test metrics are above and in results.json: free space and continue with "
+                                      "--resume last")
+    run = small_disk / "logs" / "mnist" / "version_0"
+    saved = json.loads((run / "results.json").read_text())
+    assert (saved["test/acc"], saved["test/loss"]) == reference["test"] and saved["weights"] is None
+    (small_disk / "filler").unlink()
+    train(tiny_config(data, small_disk / "logs", **SETTINGS, resume="last"))
+    assert_same_run(outcome(run), reference)
+
+
+# ---------------------------------------------------------------- bad input: one line
+
+
+def test_bad_config_files_and_seeds_are_one_line(tmp_path):
+    from project.cli import parse_run_config
+    from project.errors import UsageError
+
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_text("max_epochs: 2\n", encoding="utf-16")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 10000 + "]" * 10000)
+    for argv, message in ((["--config", str(utf16)], f"--config {utf16}: not UTF-8 text (save it as UTF-8)"),
+                          (["--config", str(deep)], f"--config {deep}: nested too deeply to be a config file"),
+                          (["--seed", "-1"], "must be between 0 and 4294967295, got -1"),
+                          (["--seed", str(2**32)], "must be between 0 and 4294967295, got 4294967296")):
+        with pytest.raises((UsageError, SystemExit)) as err:
+            parse_run_config(argv)
+        assert message in str(err.value) or err.type is SystemExit
+    done = subprocess.run([sys.executable, TRAIN, "--config", str(utf16)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr == f"train.py: error: --config {utf16}: not UTF-8 text (save it " \
+                                                   "as UTF-8)\n"
