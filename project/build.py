@@ -34,6 +34,7 @@ from project.datamodule import MNISTDataModule
 from project.ddp_faults import OneFailureEndsTheJob
 from project.errors import UsageError
 from project.lit_module import LitMNIST
+from project.slurm import slurm_plugins
 from project.steps_per_call import SharedStepCount, StepProgressBar
 from project.tensorboard_figures import TensorBoardFigures
 
@@ -158,7 +159,7 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
         enable_model_summary=False,
         enable_progress_bar=animated_progress(config),
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )
     return L.Trainer(**{**settings, **config.trainer})
 

@@ -110,6 +110,24 @@ class RunRecord(Callback):
         checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call}
         self._flush(trainer)
 
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """A run folder that was moved or copied (to another disk, another machine) resumes as well: the
+        checkpoint callbacks' paths are moved with it, or Lightning would drop their best scores."""
+        here = next((cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
+        for state in checkpoint.get("callbacks", {}).values():
+            before = state.get("dirpath") if isinstance(state, dict) else None
+            if here is None or before is None or before == here:
+                continue
+            best = state.get("best_model_path") or ""
+            if not (best.startswith(before) and Path(here + best[len(before):]).is_file()):
+                continue  # not this folder's files: Lightning keeps the checkpoint's own paths
+            for key, value in state.items():
+                if isinstance(value, str) and value.startswith(before):
+                    state[key] = here + value[len(before):]
+                elif isinstance(value, dict):
+                    state[key] = {(here + k[len(before):] if k.startswith(before) else k): v for k, v in value.items()}
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step % trainer.log_every_n_steps == 0:  # the step before was logged (after its hooks)

@@ -111,8 +111,8 @@ class RunConfig:
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
     resume: str | None = setting(None, optional(text), "continue the run that wrote this checkpoint, in its "
-                                 "folder, with its settings; 'last' = newest run's last.ckpt", saved=False,
-                                 metavar="CKPT|last")
+                                 "folder, with its settings; 'last' = newest run's last.ckpt; 'auto' = the "
+                                 "--run-version folder's, if it has one", saved=False, metavar="CKPT|last|auto")
     init_from: str | None = setting(None, optional(text), "start a new run from this checkpoint's weights, with "
                                     "this run's settings ('last', 'best' or a path)", metavar="CKPT")
     save_top_k: int = setting(1, top_k, "how many of the best checkpoints (by val/acc) to keep; -1 keeps all",

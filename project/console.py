@@ -20,6 +20,8 @@ QUIET_WARNINGS = (
     r".*Previous log files in this directory will be deleted.*",
     r".*Checkpoint directory .* exists and is not empty.*",
     r".*your dataloader is not resumable.*",
+    # On a SLURM login node a run started without srun is meant to run there (slurm/train.sbatch uses srun).
+    r".*The `srun` command is available on your system but is not used.*",
 )
 # Advertising, the tuner's note on reloading its own temporary checkpoint, and Lightning's note on the
 # checkpoint saved when a run stops (the run's own stop message says it in one line).

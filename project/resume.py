@@ -39,10 +39,18 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     schedule of another length is one line before any run folder exists (``train_size``: training images)."""
     if not config.resume:
         return None
+    if config.resume == "auto":  # slurm/train.sbatch: the job's own folder, once it has a checkpoint
+        if not config.run_version:
+            raise UsageError("--resume auto continues the run --run-version names (as slurm/train.sbatch does); "
+                             "add --run-version NAME")
+        path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            return None
+    else:
+        path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
     if config.wants_tuner:
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
-    path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
     checkpoint = read_checkpoint(path)
     record = checkpoint.get("run_record", {})
     check_same_training(record.get("config", {}), config, path)

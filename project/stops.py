@@ -1,4 +1,5 @@
-"""How a run stops on SIGTERM or Ctrl-C: at a point it can resume from exactly, the same step on every rank.
+"""How a run stops on SIGTERM, Ctrl-C or SLURM's SIGUSR1: at a point it can resume from exactly, the same step
+on every rank.
 
 The signal handler only notes the signal. The run acts on it at safe points: after a training
 step (when no validation is due), after the epoch's validation (the epoch-end ``last.ckpt`` is
@@ -25,8 +26,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.checkpointing import validation_due
 from project.errors import Terminated
+from project.slurm import requeue_this_job
 
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+# SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}
 
 
 class StopSignals:
@@ -49,7 +52,11 @@ class StopSignals:
         return NAMES.get(self.received or signal.SIGTERM, "a signal")
 
     def terminated(self, what: str) -> Terminated:
-        """The exception that ends the run, its message saying what really happened."""
+        """The exception that ends the run, its message saying what really happened. On SLURM, SIGUSR1
+        (the time-limit warning) requeues the job, which continues the run where it stopped."""
+        if self.received == signal.SIGUSR1:
+            requeued = requeue_this_job()
+            what = what.replace(": continue with --resume last", "") + requeued if requeued else what
         error = Terminated(f"stopped by {self.name()} {what}")
         error.exit_code = 128 + int(self.received or signal.SIGTERM)
         return error

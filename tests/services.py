@@ -1,4 +1,4 @@
-"""Real services the tests start for themselves: a throwaway PostgreSQL server on loopback.
+"""Real services the tests start for themselves: a throwaway PostgreSQL server on loopback, a one-node SLURM.
 
 Where a service is not installed its tests skip with the reason, except under
 ``REQUIRE_SERVICES=1`` (set by ``.ci/run``), where they fail: CI must run them.
@@ -6,12 +6,15 @@ Where a service is not installed its tests skip with the reason, except under
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,4 +86,95 @@ def postgres_server() -> Iterator[Postgres]:
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True,
                        timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class Slurm:
+    """A one-node SLURM cluster on localhost (munged, slurmctld, slurmd), its clients pointed at it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
+
+    def run(self, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=60, env=self.env)
+
+    def sbatch(self, *args: str) -> int:
+        done = self.run("sbatch", "--parsable", *args)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().split(";")[0])
+
+    def job(self, job: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, Restarts, ExitCode, ...)."""
+        text = self.run("scontrol", "show", "job", str(job)).stdout
+        return dict(part.split("=", 1) for part in text.split() if "=" in part)
+
+
+SLURM_CONF = """\
+ClusterName=tests
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={folder}/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobRequeue=1
+MpiDefault=none
+ReturnToService=2
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+SlurmctldPort={port}
+SlurmdPort={port_d}
+NodeName=localhost CPUs=2 RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@contextmanager
+def slurm_cluster() -> Iterator[Slurm]:
+    """munged on a socket of its own, then slurmctld and slurmd, all in a temporary folder (as root); stopped after."""
+    daemons = [shutil.which(name) for name in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")]
+    if not all(daemons) and not all(os.path.exists(f"/usr/sbin/{n}") for n in ("munged", "slurmctld", "slurmd")):
+        missing("SLURM is not installed (apt-get install slurmd slurmctld munge slurm-client)")
+    if os.geteuid() != 0:
+        missing("the SLURM tests start slurmd, which needs root")
+    munged, slurmctld, slurmd = (shutil.which(n) or f"/usr/sbin/{n}" for n in ("munged", "slurmctld", "slurmd"))
+    folder = Path(tempfile.mkdtemp(prefix="slurm-"))
+    (folder / "state").mkdir()
+    (folder / "spool").mkdir()
+    port = random.randint(20000, 50000)
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(folder=folder, port=port, port_d=port + 1))
+    key = Path("/etc/munge/munge.key")
+    if not key.exists():
+        missing("munge has no key (/etc/munge/munge.key)")
+    subprocess.run([munged, "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
+                    f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
+                    f"--seed-file={folder}/munged.seed"], check=True, capture_output=True, timeout=60)
+    cluster = Slurm(folder)
+    try:
+        subprocess.run([slurmctld, "-f", str(conf)], check=True, capture_output=True, timeout=60, env=cluster.env)
+        subprocess.run([slurmd, "-f", str(conf), "-N", "localhost"], check=True, capture_output=True, timeout=60,
+                       env=cluster.env)
+        deadline = time.monotonic() + 60
+        while "idle" not in cluster.run("sinfo", "-h", "-o", "%T").stdout:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the SLURM node never became idle: {(folder / 'slurmctld.log').read_text()[-800:]}")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = folder / f"{name}.pid"
+            if pid.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid.read_text().strip()), signal.SIGTERM)
+        time.sleep(1)
         shutil.rmtree(folder, ignore_errors=True)
