@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CHECKPOINTED, RAW_NAMES, TWO_RANKS, make_tiny_mnist, newest_last_checkpoint, run_script, tiny_run
-from services import Postgres, postgres_server
+from services import Postgres, Slurm, postgres_server, slurm_cluster
 
 # The suite's workers and the scripts they start share two cores: one thread per process, not two
 # each spinning against the others (tiny batches gain nothing from more).
@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
     session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
-        for fixture in ("default_run", "trained", "uninterrupted_ddp", "storage"):
+        for fixture in ("default_run", "trained", "slurm", "uninterrupted_ddp", "storage"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
@@ -64,6 +64,13 @@ def postgres() -> Iterator[Postgres]:
     """A real PostgreSQL server on loopback for the session (its tests share one xdist worker)."""
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Slurm]:
+    """A real one-node SLURM cluster for the session (its tests share one xdist worker)."""
+    with slurm_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")
