@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from project.console import quiet_known_warnings
 from project.devices import peak_memory_mb
 from project.errors import NonFiniteLossError
-from project.resume import check_schedule_length
+from project.plan import check_schedule_length
 
 NEVER = torch.iinfo(torch.int64).max
 

@@ -1,4 +1,4 @@
-"""How a DDP job stops: SIGTERM on every rank at one step, and one rank's failure ending them all."""
+"""How a DDP job ends when one rank fails: all of its processes, within seconds (SIGTERM: project/stops.py)."""
 
 from __future__ import annotations
 

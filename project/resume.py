@@ -3,14 +3,19 @@ is written. A resume continues the same run: same settings, same folder, same st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
 from project.checkpointing import find_checkpoint, read_checkpoint
 from project.config import RunConfig
-from project.errors import UsageError, UserError
-from project.plan import planned_steps
+from project.errors import NothingToDo, UsageError, UserError
+from project.plan import check_schedule_length, planned_steps
+from project.run_files import finished_results, remove_partial_files, roll_back_logs
 
 # Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
 TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
@@ -27,6 +32,10 @@ class Resume:
     record: dict[str, Any]  # checkpoint["run_record"]: the settings its run trained with, and its K
     steps_per_call: int | None
     global_step: int
+
+    def chose_steps_per_call(self, steps_per_call: int) -> bool:
+        """Whether ``steps_per_call`` is what ``auto`` chose for the run this one resumes."""
+        return self.steps_per_call == steps_per_call and self.record.get("config", {}).get("steps_per_call") == "auto"
 
     @property
     def run_folder(self) -> Path | None:
@@ -95,18 +104,57 @@ def _shown(value: Any) -> str:
     return "(not set)" if value is None else str(value)
 
 
-def check_schedule_length(saved_total: int, planned: int) -> None:
-    """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
-    if saved_total != planned:
-        raise UserError(
-            f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
-            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
-        )
-
-
 def initial_weights(config: RunConfig) -> dict[str, Any] | None:
     """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
     if not config.init_from:
         return None
     path = find_checkpoint(config.init_from, config.logdir, config.name, "--init-from")
     return read_checkpoint(path)["state_dict"]
+
+
+def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:
+    """A resume continues in the folder of the run it resumes, with the steps per call that run took.
+
+    Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
+    of a killed save removed. A finished run is left alone, in one line, unless this one asks for more
+    epochs (possible without a fixed-length schedule): then the run goes on in its folder.
+    """
+    if resume is None:
+        return config
+    if config.steps_per_call == "auto" and resume.steps_per_call:
+        config = config.replace(steps_per_call=resume.steps_per_call)
+    folder = resume.run_folder
+    if folder is None or rank_zero_only.rank != 0:
+        return config.replace(**_folder_settings(folder, resume)) if folder else config
+    done = finished_results(folder)
+    if done is not None and config.max_epochs == resume.record.get("config", {}).get("max_epochs"):
+        raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "
+                          f"{done['weights']}); nothing to resume, nothing written")
+    remove_partial_files(folder)
+    roll_back_logs(folder, resume.global_step)
+    return config.replace(**_folder_settings(folder, resume))
+
+
+def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:
+    """``logdir``, ``name`` and ``run_version`` of ``folder``, spelled as its run spelled them where they match
+    (the checkpoint callbacks restore their state only into the same folder name)."""
+    saved = resume.record.get("config", {})
+    logdir, name = str(folder.parent.parent), folder.parent.name
+    if saved.get("logdir") and saved.get("name") == name and \
+            Path(saved["logdir"], name).resolve() == folder.parent.resolve():
+        logdir = saved["logdir"]
+    return {"logdir": logdir, "name": name, "run_version": folder.name}
+
+
+def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
+    """``--init-from``: a new run starts from a checkpoint's weights (its optimizer and schedule are new)."""
+    weights = initial_weights(config)
+    if weights is None:
+        return
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
+                       line or "Unexpected" in line), str(err).splitlines()[0])
+        raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
+                        "use the model settings it was trained with (e.g. --hidden)") from None

@@ -12,7 +12,6 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
 from project.callbacks import EpochStats
@@ -28,18 +27,15 @@ from project.devices import (
     resolve_accelerator,
     resolve_hardware,
 )
-from project.errors import NothingToDo, Terminated, UsageError, UserError
+from project.errors import Terminated, UsageError, UserError
 from project.export import save_program, save_weights
 from project.plan import train_batches
-from project.resume import Resume, checkpoint_to_resume, initial_weights
+from project.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.run_files import (
     check_outputs_writable,
     claim_run_folder,
-    finished_results,
     log_hparams_with_results,
     log_run_text,
-    remove_partial_files,
-    roll_back_logs,
     save_config,
     write_results,
 )
@@ -134,8 +130,7 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
     config = continue_in_its_folder(config, resume)
     check_outputs_writable(config)
     steps_per_call, steps_reason = plan_steps(config, datamodule)
-    if resume and resume.steps_per_call == steps_per_call and resume.record.get("config", {}).get(
-            "steps_per_call") == "auto":
+    if resume and resume.chose_steps_per_call(steps_per_call):
         steps_reason = "auto: as the run it resumes chose"
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
@@ -163,69 +158,26 @@ def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callb
             optimizer_steps=trainer.global_step,
         )
         if trainer.is_global_zero and not config.fast_dev_run:
-            result.run_dir = run_dir(trainer)
-            write_results(result.run_dir / "results.json", result.record())  # before anything that can fail
-            if on_tested is not None and test:
-                on_tested(result.test_metrics)
-            signals.check("after the test (its metrics are above); model.pth is not written yet: continue with "
-                          "--resume last")
-            with reported_failures("the test metrics are above and in results.json"):
-                write_outputs(trainer, model, result)
-            if signals.received is not None:
-                print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the "
-                      "run is finished", file=sys.stderr, flush=True)
+            finish(trainer, model, result, signals, on_tested if test else None)
     figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
     if figures is not None and figures.drawing is not None and not figures_in_background:
         figures.drawing.join()
     return result
 
 
-def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:
-    """A resume continues in the folder of the run it resumes, with the steps per call that run took.
-
-    Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
-    of a killed save removed. A finished run is left alone, in one line, unless this one asks for more
-    epochs (possible without a fixed-length schedule): then the run goes on in its folder.
-    """
-    if resume is None:
-        return config
-    if config.steps_per_call == "auto" and resume.steps_per_call:
-        config = config.replace(steps_per_call=resume.steps_per_call)
-    folder = resume.run_folder
-    if folder is None or rank_zero_only.rank != 0:
-        return config.replace(**_folder_settings(folder, resume)) if folder else config
-    done = finished_results(folder)
-    if done is not None and config.max_epochs == resume.record.get("config", {}).get("max_epochs"):
-        raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "
-                          f"{done['weights']}); nothing to resume, nothing written")
-    remove_partial_files(folder)
-    roll_back_logs(folder, resume.global_step)
-    return config.replace(**_folder_settings(folder, resume))
-
-
-def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:
-    """``logdir``, ``name`` and ``run_version`` of ``folder``, spelled as its run spelled them where they match
-    (the checkpoint callbacks restore their state only into the same folder name)."""
-    saved = resume.record.get("config", {})
-    logdir, name = str(folder.parent.parent), folder.parent.name
-    if saved.get("logdir") and saved.get("name") == name and \
-            Path(saved["logdir"], name).resolve() == folder.parent.resolve():
-        logdir = saved["logdir"]
-    return {"logdir": logdir, "name": name, "run_version": folder.name}
-
-
-def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
-    """``--init-from``: a new run starts from a checkpoint's weights (its optimizer and schedule are new)."""
-    weights = initial_weights(config)
-    if weights is None:
-        return
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:
-        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
-                       line or "Unexpected" in line), str(err).splitlines()[0])
-        raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
-                        "use the model settings it was trained with (e.g. --hidden)") from None
+def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,
+           on_tested: Callable[[dict[str, float]], None] | None) -> None:
+    """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
+    result.run_dir = run_dir(trainer)
+    write_results(result.run_dir / "results.json", result.record())
+    if on_tested is not None:
+        on_tested(result.test_metrics)
+    signals.check("after the test (its metrics are above); model.pth is not written yet: continue with --resume last")
+    with reported_failures("the test metrics are above and in results.json"):
+        write_outputs(trainer, model, result)
+    if signals.received is not None:
+        print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the run is "
+              "finished", file=sys.stderr, flush=True)
 
 
 def fit(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule, resume: Resume | None,

@@ -19,8 +19,9 @@ import lightning as L
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from helpers import fill_file_system  # noqa: E402
 from project import run  # noqa: E402
 from project.cli import parse_run_config  # noqa: E402
 from project.errors import run_cli  # noqa: E402
@@ -75,13 +76,7 @@ class FillDiskAt(StopAt):
         self.path = path
 
     def act(self) -> None:
-        with open(self.path, "wb") as stream:
-            try:
-                while True:
-                    stream.write(b"\0" * 65536)
-                    stream.flush()
-            except OSError:
-                pass
+        fill_file_system(Path(self.path))
 
 
 def main() -> int:

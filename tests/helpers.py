@@ -162,3 +162,14 @@ def assert_same_training_state(a: dict, b: dict) -> None:
             assert torch.equal(state_a[name], state_b[name]), name
     assert a["lr_schedulers"] == b["lr_schedulers"]
     assert a["MNISTDataModule"] == b["MNISTDataModule"]  # the same place in the epoch's data order
+
+
+def fill_file_system(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full: a real ENOSPC for every write after it."""
+    with open(path, "wb") as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 65536)
+                stream.flush()
+        except OSError:
+            pass
