@@ -24,8 +24,9 @@ def slurm_plugins() -> list[SLURMEnvironment]:
 def requeue_this_job() -> str:
     """``scontrol requeue`` this job (from rank 0); what happened, to end the run's stop message ("" outside
     SLURM and on the other ranks)."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and \
-        f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}" or os.environ.get("SLURM_JOB_ID")
+    job = os.environ.get("SLURM_JOB_ID")
+    if "SLURM_ARRAY_JOB_ID" in os.environ:  # an array task is requeued by its array id and index
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     if not job or rank_zero_only.rank != 0:
         return ""
     scontrol = shutil.which("scontrol")

@@ -33,7 +33,7 @@ NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SI
 
 
 class StopSignals:
-    """Notes SIGTERM and SIGINT for the whole run; ``stop_now`` tells whether one came."""
+    """Notes SIGTERM, SIGINT and SIGUSR1 for the whole run; ``received`` is the first that came, if any."""
 
     def __init__(self) -> None:
         self.received: int | None = None
