@@ -14,12 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_benchmark_args  # noqa: E402  (light: no torch)
+from project.config.cli import parse_benchmark_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import bench
+    from project.benchmark import runner as bench
 
     results = bench.run_all(args)
     if not args.no_time_to_accuracy:

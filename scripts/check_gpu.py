@@ -10,12 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_check_gpu_args  # noqa: E402  (light: no torch)
+from project.config.cli import parse_check_gpu_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import gpu_info
+    from project.hardware import gpu_info
 
     info = gpu_info.collect()
     if args.bench:

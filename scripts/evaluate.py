@@ -10,12 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_evaluate_args  # noqa: E402  (light: no torch)
+from project.config.cli import parse_evaluate_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import evaluation
+    from project.results import evaluation
 
     classifier = evaluation.load_classifier(args.ckpt, args.weights, args.logdir, args.name)
     results = evaluation.evaluate_test_set(classifier, args.data_dir)

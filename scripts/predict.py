@@ -14,13 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_predict_args  # noqa: E402  (light: no torch)
+from project.config.cli import parse_predict_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project.evaluation import load_classifier
-    from project.prediction import classify_files, render_row
+    from project.results.evaluation import load_classifier
+    from project.results.prediction import classify_files, render_row
 
     classifier = load_classifier(args.ckpt, args.weights, args.logdir, args.name)
     results, failures = [], 0

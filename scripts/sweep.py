@@ -14,12 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_sweep_args  # noqa: E402  (light: no torch)
+from project.config.cli import parse_sweep_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project import sweep, sweep_report, sweep_storage, sweep_workers
+    from project.sweeps import study as sweep
+    from project.sweeps import report as sweep_report
+    from project.sweeps import storage as sweep_storage
+    from project.sweeps import workers as sweep_workers
 
     study, storage, objective = sweep.prepare(args)
     workers = sweep_workers.plan_workers(args.workers, objective.trial_config({}), objective.params)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.cli import parse_run_config  # noqa: E402  (light: no torch)
-from project.config import RunConfig  # noqa: E402
+from project.config.cli import parse_run_config  # noqa: E402  (light: no torch)
+from project.config.schema import RunConfig  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 
 
 def main(config: RunConfig, started: float) -> int:
-    from project.run import test_line, train
+    from project.training.run import test_line, train
 
     printed = []  # the test metrics, as soon as they exist: nothing that fails later can lose them
 

@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.console import quiet_known_warnings  # noqa: E402
-from project.datamodule import MNISTDataModule, TensorMNIST  # noqa: E402
+from project.training.console import quiet_known_warnings  # noqa: E402
+from project.recipe.data import MNISTDataModule, TensorMNIST  # noqa: E402
 
 N = 96
 

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import fill_file_system  # noqa: E402
 from project import run  # noqa: E402
-from project.cli import parse_run_config  # noqa: E402
+from project.config.cli import parse_run_config  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 
 

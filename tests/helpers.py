@@ -70,7 +70,7 @@ def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) ->
 
 def tiny_config(data_dir: Path, logdir: Path, **settings: Any) -> Any:
     """A ``RunConfig`` for an in-process ``train()`` on tiny data (no progress bar)."""
-    from project.config import RunConfig
+    from project.config.schema import RunConfig
 
     trainer = {"enable_progress_bar": False, **settings.pop("trainer", {})}
     return RunConfig(data_dir=str(data_dir), logdir=str(logdir), **{**TINY_SETTINGS, **settings}, trainer=trainer)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import event_accumulator, free_port, run_script, summary_value, write_transformed_digits
-from project.model import build_sequential, hidden_sizes_of
+from project.recipe.model import build_sequential, hidden_sizes_of
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "lr-SGD",
            "perf/epoch_time_s", "perf/samples_per_s", "perf/peak_memory_mb"}
@@ -64,7 +64,7 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
     assert len(result["per_class_acc"]) == 10
     assert (tmp_path / "cm.png").stat().st_size > 5000
 
-    from project.evaluation import evaluate_test_set, load_classifier, render
+    from project.results.evaluation import evaluate_test_set, load_classifier, render
 
     text = render(evaluate_test_set(load_classifier(weights=trained["results"]["weights"]), str(trained["data"])))
     assert f"test/acc  {trained['results']['test/acc']:.4f}" in text
@@ -72,9 +72,9 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
 
 
 def test_evaluate_names_what_is_missing(trained, tmp_path):
-    from project.checkpointing import find_checkpoint
+    from project.reliability.checkpointing import find_checkpoint
     from project.errors import CheckpointError, UsageError
-    from project.evaluation import load_classifier
+    from project.results.evaluation import load_classifier
 
     with pytest.raises(CheckpointError, match="nope.pth: no such file"):
         load_classifier(weights=str(tmp_path / "nope.pth"))
@@ -88,7 +88,7 @@ def test_plot_scalars_draws_the_run(trained, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from project.errors import UserError
-    from project.figures import scalars_figure
+    from project.results.figures import scalars_figure
 
     with pytest.raises(UserError, match="none of the tags no/such"):
         scalars_figure(str(trained["run"]), ["no/such"])

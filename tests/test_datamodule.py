@@ -5,10 +5,10 @@ import torch
 from torchvision import datasets, transforms
 
 from project import MNIST_MEAN, MNIST_STD
-from project.datamodule import MNISTDataModule, TensorMNIST
+from project.recipe.data import MNISTDataModule, TensorMNIST
 from project.errors import MNISTDataError
-from project.idx_files import RAW_FILES
-from project.samplers import EpochShuffleSampler
+from project.recipe.mnist_files import RAW_FILES
+from project.training.samplers import EpochShuffleSampler
 
 
 def make_dm(data_dir, **kwargs):

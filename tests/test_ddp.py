@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from helpers import TINY, TRAIN, free_port, run_script
-from project.checkpointing import read_weights
-from project.config import RunConfig
-from project.datamodule import MNISTDataModule
-from project.devices import resolve_hardware
+from project.reliability.checkpointing import read_weights
+from project.config.schema import RunConfig
+from project.recipe.data import MNISTDataModule
+from project.hardware.devices import resolve_hardware
 from project.errors import UsageError
-from project.lit_module import LitMNIST
-from project.samplers import EvalShardSampler
-from project.tuning import check_tuning
+from project.recipe.module import LitMNIST
+from project.training.samplers import EvalShardSampler
+from project.training.tuning import check_tuning
 
 
 def single_process_test_accuracy(checkpoint, data_dir) -> float:

@@ -28,10 +28,10 @@ from helpers import (
     newest_last_checkpoint,
     tiny_config,
 )
-from project.checkpointing import read_checkpoint
+from project.reliability.checkpointing import read_checkpoint
 from project.errors import UserError
-from project.resume import checkpoint_to_resume
-from project.run import train
+from project.reliability.resume import checkpoint_to_resume
+from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 SINGLE_EPOCHS = 10  # 200 steps

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from helpers import make_tiny_mnist, run_script, summary_value, tiny_config, tiny_run
-from project.datamodule import MNISTDataModule
-from project.lit_module import LitMNIST
-from project.run import train
+from project.recipe.data import MNISTDataModule
+from project.recipe.module import LitMNIST
+from project.training.run import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -80,7 +80,7 @@ class _NoSyncBetweenLogs(LitMNIST):
 @pytest.mark.parametrize("steps_per_call", [1, 8])
 def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_mnist, tmp_path, monkeypatch,
                                                                       steps_per_call):
-    from project import build
+    from project.training import build
 
     monkeypatch.setattr(build, "LitMNIST", _NoSyncBetweenLogs)
     result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=8, batch_size=8,

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from helpers import event_accumulator, one_line_error, run_script, tiny_config, tiny_run
-from project.config import RunConfig
-from project.devices import resolve_hardware
+from project.config.schema import RunConfig
+from project.hardware.devices import resolve_hardware
 from project.errors import NonFiniteLossError, UsageError
-from project.gpu_info import collect
-from project.run import train
-from project.tuning import pick_lr
+from project.hardware.gpu_info import collect
+from project.training.run import train
+from project.training.tuning import pick_lr
 
 NO_CUDA = not torch.cuda.is_available()
 CPU_ONLY = pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
@@ -122,8 +122,8 @@ def test_device_stats_and_peak_memory_are_logged(shared_tiny_mnist, tmp_path):
 @pytest.mark.parametrize("deferred", [False, True], ids=["cpu-check", "accelerator-check"])
 def test_diverging_training_stops_before_any_checkpoint_holds_broken_weights(shared_tiny_mnist, tmp_path, deferred,
                                                                               monkeypatch):
-    from project import build
-    from project.callbacks import FiniteLossGuard
+    from project.training import build
+    from project.training.callbacks import FiniteLossGuard
 
     # The accelerator's path (flag kept on the device, read at log steps and before saves) forced on CPU.
     monkeypatch.setattr(build, "FiniteLossGuard", lambda: FiniteLossGuard(deferred=deferred))

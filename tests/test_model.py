@@ -6,8 +6,8 @@ from torch import nn
 from torchvision import transforms
 
 from project import MNIST_MEAN, MNIST_STD
-from project.evaluation import load_classifier
-from project.model import MLP, build_sequential, export_state_dict, hidden_sizes_of
+from project.results.evaluation import load_classifier
+from project.recipe.model import MLP, build_sequential, export_state_dict, hidden_sizes_of
 
 
 def test_accepts_images_and_flat_vectors():
@@ -65,7 +65,7 @@ def test_exported_deeper_model_round_trips(tmp_path):
 
 
 def test_worst_mistakes_work_with_any_shard_size():
-    from project.tensorboard_figures import WorstMistakes
+    from project.results.tensorboard_figures import WorstMistakes
 
     class OneProcess:  # what compute() needs of a LightningModule
         device = torch.device("cpu")

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from helpers import tiny_config, tiny_run
-from project.config import RunConfig
+from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
-from project.lit_module import WarmupCosine, default_warmup
-from project.plan import planned_steps, train_batches
-from project.run import train
+from project.recipe.module import WarmupCosine, default_warmup
+from project.training.plan import planned_steps, train_batches
+from project.training.run import train
 
 STEPS_PER_EPOCH = 7  # 200 tiny training images in batches of 32
 

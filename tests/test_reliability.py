@@ -25,12 +25,12 @@ from helpers import (
     tiny_config,
     write_idx,
 )
-from project.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
-from project.datamodule import MNISTDataModule
+from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
+from project.recipe.data import MNISTDataModule
 from project.errors import CheckpointError, MNISTDataError, UsageError, run_cli
-from project.resume import checkpoint_to_resume
-from project.run import train
-from project.run_files import check_outputs_writable
+from project.reliability.resume import checkpoint_to_resume
+from project.training.run import train
+from project.reliability.run_files import check_outputs_writable
 
 TRAIN_IMAGES = RAW_NAMES[(True, "images")]
 TRAIN_LABELS = RAW_NAMES[(True, "labels")]

@@ -25,7 +25,7 @@ from helpers import (
     tiny_config,
 )
 from project.errors import NothingToDo, UserError
-from project.run import train
+from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 # 640 training images in batches of 32: 20 steps an epoch; 40 validation images in batches of 8 (5 batches),
@@ -308,7 +308,7 @@ def test_a_full_disk_during_the_export_loses_no_test_metric(data, small_disk, re
 
 
 def test_bad_config_files_and_seeds_are_one_line(tmp_path, capsys):
-    from project.cli import parse_run_config
+    from project.config.cli import parse_run_config
     from project.errors import UsageError
 
     utf16 = tmp_path / "utf16.yaml"

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_mnist, tiny_config
-from project.checkpointing import read_checkpoint
-from project.run import train
+from project.reliability.checkpointing import read_checkpoint
+from project.training.run import train
 
 pytestmark = pytest.mark.slow
 SBATCH = str(ROOT / "slurm" / "train.sbatch")

@@ -5,11 +5,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from helpers import assert_same_training_state, event_accumulator, make_tiny_mnist, tiny_config
-from project.config import RunConfig
+from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.run import train
-from project.samplers import EpochShuffleSampler, StepGroups, group_ends_at
-from project.steps_per_call import choose_steps_per_call
+from project.training.run import train
+from project.training.samplers import EpochShuffleSampler, StepGroups, group_ends_at
+from project.training.steps_per_call import choose_steps_per_call
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def run(data, folder, steps_per_call, **settings):
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monkeypatch):
-    from project import steps_per_call
+    from project.training import steps_per_call
 
     reference, reference_state = run(data, tmp_path / "k1", 1, precision=precision, log_every_n_steps=50)
     assert reference.steps_per_call == 1 and reference_state["global_step"] == 34
@@ -85,7 +85,7 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
 
 
 def test_cuda_graphs_are_refused_where_they_cannot_be_the_same_training():
-    from project.cuda_graphs import check_cuda_graphs
+    from project.hardware.cuda_graphs import check_cuda_graphs
 
     check_cuda_graphs(RunConfig(), "cpu", 1)  # off: nothing to check
     for config, accelerator, k, message in [

@@ -17,9 +17,9 @@ import yaml
 
 from helpers import ROOT
 from project.errors import UsageError, UserError
-from project.run import train
-from project.sweep import Objective, grid, load_space, open_study, prepare
-from project.sweep_storage import open_storage
+from project.training.run import train
+from project.sweeps.study import Objective, grid, load_space, open_study, prepare
+from project.sweeps.storage import open_storage
 
 SWEEP = str(ROOT / "scripts" / "sweep.py")
 TrialState = optuna.trial.TrialState
@@ -90,7 +90,7 @@ def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_mnist, tmp_path):
     assert (folder / "history.png").stat().st_size > 5000
     assert len(list((folder / "trials").iterdir())) == 8  # every trial logged to TensorBoard
     assert "| trial | val/acc |" in outputs[0][0] + outputs[1][0]
-    from project.cli import parse_run_config
+    from project.config.cli import parse_run_config
 
     best_run = train(parse_run_config(["--config", str(folder / "best.yaml"), "--data-dir", str(tiny_mnist),
                                        "--logdir", str(tmp_path / "best-run"), "--val-size", "40"]))
@@ -195,7 +195,7 @@ def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_mnist, tmp_pa
 
 
 def sweep_args(monkeypatch, *argv: str):
-    from project.cli import parse_sweep_args
+    from project.config.cli import parse_sweep_args
 
     monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
     return parse_sweep_args(None)

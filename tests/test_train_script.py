@@ -12,8 +12,8 @@ from torchvision import datasets, transforms
 
 from helpers import event_accumulator, summary_value, tiny_config, tiny_run
 from project.errors import UserError
-from project.resume import checkpoint_to_resume
-from project.run import train
+from project.reliability.resume import checkpoint_to_resume
+from project.training.run import train
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc"}
 

@@ -1,0 +1,1 @@
+"""``scripts/benchmark.py``: ways to train the recipe, timed side by side."""

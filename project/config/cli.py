@@ -1,0 +1,206 @@
+"""Every script's command line; ``train.py``'s is generated from ``RunConfig``. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
+from project.config.schema import ACCELERATORS, PRECISIONS, RunConfig, load_yaml, resolve_config
+from project.errors import UsageError
+from project.config.validators import count_or_auto, flag, one_of, positive_int
+
+GROUPS = ("hardware", "recipe", "data", "run")
+EPILOG = """\
+Any other lightning.Trainer argument, as with LightningCLI:
+  --trainer.KEY VALUE or --trainer.KEY=VALUE, e.g. --trainer.accumulate_grad_batches 4,
+  --trainer.gradient_clip_val=0.5, --trainer.limit_train_batches 0.1, --trainer.profiler simple.
+  In a --config file: a `trainer:` mapping. Keys and values are checked against Trainer's signature.
+"""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, like the rest of the template's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """A setting's check as an argparse ``type``: its ValueError becomes argparse's message."""
+    def convert(text: str) -> Any:
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = getattr(check, "__name__", "value")
+    return convert
+
+
+def build_parser(prog: str = "train.py") -> OneLineParser:
+    """Flags named after ``RunConfig`` fields; defaults stay out of the namespace so a config file can set them."""
+    parser = OneLineParser(
+        prog=prog, description="Train the MNIST MLP with PyTorch Lightning, then test the best checkpoint.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    for name, spec in RunConfig.settings().items():
+        meta = spec.metadata
+        default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+        shown = "" if default is None or default is False else f" (default: {_shown(default)})"
+        options: dict[str, Any] = {"help": (meta["help"] + shown).strip() or None}
+        if meta["check"] is flag:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options.update(type=argparse_type(meta["check"]), metavar=meta["metavar"] or name.upper())
+            if meta["const"] is not None:
+                options.update(nargs="?", const=meta["const"])
+        groups[meta["group"]].add_argument("--" + name.replace("_", "-"), **options)
+    groups["run"].add_argument("--config", metavar="FILE.yaml",
+                               help="read settings from a YAML file (keys: flag names); the command line overrides it")
+    return parser
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Take ``--trainer.KEY VALUE`` / ``--trainer.KEY=VALUE`` out of ``argv``; values typed as YAML reads them."""
+    from project.config.trainer_args import parse_text
+
+    rest: list[str] = []
+    trainer: dict[str, Any] = {}
+    tokens = iter(argv)
+    for token in tokens:
+        if not token.startswith("--trainer."):
+            rest.append(token)
+            continue
+        key, equals, value = token.removeprefix("--trainer.").partition("=")
+        if not equals:
+            value = next(tokens, None)
+            if value is None or value.startswith("--"):
+                raise UsageError(f"--trainer.{key}: needs a value, e.g. --trainer.{key} VALUE")
+        if not key:
+            raise UsageError("--trainer.: name a Trainer argument, e.g. --trainer.accumulate_grad_batches 4")
+        trainer[key] = parse_text(value)
+    return rest, trainer
+
+
+def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") -> RunConfig:
+    """Defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``."""
+    parser = build_parser(prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rest, trainer = split_trainer_args(argv)
+        given = vars(parser.parse_args(rest))
+        layers: list[tuple[dict[str, Any], str]] = []
+        config_file = given.pop("config", None)
+        if config_file:
+            layers.append((load_yaml(config_file, f"--config {config_file}"), f"--config {config_file}"))
+        layers.append(({**given, "trainer": trainer}, ""))
+        return resolve_config(layers)
+    except UsageError as err:
+        parser.error(str(err))
+
+
+# ---------------------------------------------------------------- the other scripts' command lines
+
+DATA_DIR_HELP = "folder holding MNIST/raw/ (default: $DATA_DIR, else data/)"
+
+
+def _tool_parser(prog: str, description: str | None) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def _model_source(parser: argparse.ArgumentParser) -> None:
+    """Where evaluate.py and predict.py take their model from."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", metavar="PATH|best|last", help="a checkpoint, or best/last of the newest run "
+                        "(default: best)")
+    source.add_argument("--weights", metavar="model.pth", help="an exported model.pth")
+    parser.add_argument("--logdir", default="lightning_logs")
+    parser.add_argument("--name", default="mnist")
+
+
+def parse_evaluate_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("evaluate.py", description)
+    _model_source(parser)
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the confusion matrix to this file")
+    return parser.parse_args()
+
+
+def parse_predict_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("predict.py", description)
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")
+    _model_source(parser)
+    parser.add_argument("--topk", type=argparse_type(positive_int), default=1, help="show the K most likely digits")
+    parser.add_argument("--json", action="store_true", help="one JSON document with every result")
+    return parser.parse_args()
+
+
+def parse_sweep_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("sweep.py", description)
+    parser.add_argument("--space", default="configs/sweep.yaml", help="search space (YAML)")
+    parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20,
+                        help="trials this command runs (shared out among its workers)")
+    parser.add_argument("--storage", default=SWEEP_STORAGE,
+                        help="a journal file (one machine) or a database URL, e.g. postgresql://user:pw@host/db "
+                             "(several machines)")
+    parser.add_argument("--workers", type=argparse_type(count_or_auto), default="auto",
+                        help="trials run at once, each worker pinned to its own devices (auto: one per GPU, "
+                             "or per group of GPUs a trial uses; one on CPU)")
+    parser.add_argument("--heartbeat", type=argparse_type(positive_int), default=60,
+                        help="seconds between a database trial's heartbeats; one silent for twice this is failed "
+                             "and retried")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # started by a sweep: no report
+    parser.add_argument("--study-name", default="mnist-sweep")
+    parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
+    parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,
+                        help="Optuna's TPE, random search, or a grid that runs each combination once")
+    parser.add_argument("--sampler-seed", type=int, help="seed Optuna's sampler")
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
+    parser.add_argument("--val-size", type=argparse_type(positive_int), default=5000)
+    parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+    return parser.parse_args()
+
+
+def parse_benchmark_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("benchmark.py", description)
+    count = argparse_type(positive_int)
+    parser.add_argument("--batch-size", type=count, default=64)
+    parser.add_argument("--epochs", type=count, default=3, help="timed epochs, after one warm-up epoch")
+    parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+    parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
+    parser.add_argument("--only", default="all", help="rows to run: all, or e.g. hand,template-auto")
+    parser.add_argument("--no-time-to-accuracy", action="store_true",
+                        help="skip timing the whole default scripts/train.py command")
+    parser.add_argument("--out", default="benchmark-results", help="folder for benchmark.json/.md/.png")
+    return parser.parse_args()
+
+
+def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("check_gpu.py", description)
+    parser.add_argument("--json", action="store_true", help="print the same facts as JSON")
+    parser.add_argument("--bench", action="store_true", help="time a matmul on each device (TFLOP/s)")
+    return parser.parse_args()
+
+
+def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
+    parser = _tool_parser("plot_scalars.py", description)
+    parser.add_argument("run", help="a run folder, e.g. lightning_logs/mnist/version_0")
+    parser.add_argument("--out", default="scalars.png")
+    parser.add_argument("--tags", default=",".join(default_tags), help="comma-separated scalar tags")
+    return parser.parse_args()

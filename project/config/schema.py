@@ -1,0 +1,247 @@
+"""The schema of a run: every setting with its default, check and help text, in one frozen dataclass.
+
+The command line, ``--config`` files, the saved ``config.yaml``, sweep trials and the benchmark
+all build a ``RunConfig``; nothing below the command line sees argparse. Imports nothing heavy,
+so ``--help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from project import EVAL_BATCH_SIZE, LOADERS, OPTIMIZERS, SCHEDULERS
+from project.errors import UsageError
+from project.config.validators import (
+    count_or_auto,
+    devices_spec,
+    flag,
+    hidden_sizes,
+    memory_fraction,
+    non_negative_float,
+    non_negative_int,
+    one_of,
+    optional,
+    positive_float,
+    positive_int,
+    seed_value,
+    text,
+    top_k,
+)
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
+BASE_BATCH = 256  # the batch the default --lr is tuned for; --scale-lr scales from it
+
+
+def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: str = "run", *,
+            const: Any = None, saved: bool = True, metavar: str | None = None) -> Any:
+    """A field of ``RunConfig``: its check, help text, help group and command-line shape.
+
+    ``saved=False`` marks what belongs to one invocation (resume, export, ...), not to the run's
+    recipe: it stays out of ``config.yaml``.
+    """
+    metadata = {"check": check, "help": help, "group": group, "const": const, "saved": saved, "metavar": metavar}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one training run. Field names are the flags (``max_epochs`` = ``--max-epochs``)."""
+
+    # hardware
+    accelerator: str = setting("auto", one_of(*ACCELERATORS), "auto, cpu, gpu/cuda, mps", "hardware")
+    devices: int | list[int] | str = setting(1, devices_spec, "count per node (2), all (-1), or indices "
+                                             "(0,1 or 1, for cuda:1)", "hardware")
+    num_nodes: int = setting(1, positive_int, "machines taking part (multi-node DDP)", "hardware")
+    strategy: str = setting("auto", text, "Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...", "hardware")
+    precision: str = setting("32", one_of(*PRECISIONS), "32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true "
+                             "(16-mixed on CPU uses bf16-mixed)", "hardware", metavar="PRECISION")
+    gpu_memory_fraction: float | None = setting(None, optional(memory_fraction), "cap each process's CUDA memory "
+                                                "at this share of its GPU (0 < F <= 1)", "hardware", metavar="F")
+    device_stats: bool = setting(False, flag, "log device utilisation (DeviceStatsMonitor)", "hardware")
+    compile: str | None = setting(None, optional(one_of(*COMPILE_MODES)), "torch.compile the model (mode; "
+                                  "reduce-overhead uses CUDA graphs on GPU)", "hardware", const="default",
+                                  metavar="MODE")
+    detect_anomaly: bool = setting(False, flag, "autograd anomaly detection (slow; debugging)", "hardware")
+    cuda_graphs: bool = setting(False, flag, "capture each optimizer step as a CUDA graph and replay it "
+                                "(GPU, steps per call > 1, full precision; experimental)", "hardware")
+    steps_per_call: int | str = setting("auto", count_or_auto, "optimizer steps per Lightning step (same training, "
+                                        "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
+    # recipe
+    max_epochs: int = setting(6, positive_int, "", "recipe")
+    batch_size: int = setting(256, positive_int, "per device", "recipe")
+    eval_batch_size: int = setting(EVAL_BATCH_SIZE, positive_int, "per device, for validation and test", "recipe")
+    optimizer: str = setting("sgd", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
+    lr: float = setting(0.2, positive_float, "peak LR under onecycle", "recipe")
+    momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0)", "recipe")
+    weight_decay: float = setting(5e-4, non_negative_float, "", "recipe")
+    scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
+                             "per optimizer step", "recipe")
+    warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
+                                       "of the run's steps)", "recipe", metavar="N")
+    hidden: list[int] = setting([128], hidden_sizes, "hidden widths, e.g. 128 or 256,128", "recipe")
+    scale_lr: bool = setting(False, flag, f"linear scaling rule: lr x global batch / {BASE_BATCH}", "recipe")
+    find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
+    find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
+    early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "
+                                         "this many validations (EarlyStopping)", "recipe", metavar="PATIENCE")
+    seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe")
+    deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
+    # data
+    data_dir: str | None = setting(None, optional(text), "folder holding MNIST/raw/ (default: $DATA_DIR, "
+                                   "else data/)", "data")
+    val_size: int = setting(5000, positive_int, "images of the training file held out for validation", "data")
+    loader: str = setting("memory", one_of(*LOADERS), "memory: whole split as one tensor, batches by "
+                          "gather; torchvision: per-sample", "data")
+    num_workers: int = setting(0, non_negative_int, "torchvision loader only", "data")
+    pin_memory: bool = setting(False, flag, "torchvision loader only", "data")
+    # run
+    fast_dev_run: bool = setting(False, flag, "one batch of each stage, no logs or files", saved=False)
+    logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
+    logger: str = setting("tensorboard", text, "tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
+    name: str = setting("mnist", text, "experiment name")
+    run_version: str | None = setting(None, optional(text), "the run folder's name under LOGDIR/NAME (default: "
+                                  "the next version_N)", saved=False, metavar="NAME")
+    log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
+    resume: str | None = setting(None, optional(text), "continue the run that wrote this checkpoint, in its "
+                                 "folder, with its settings; 'last' = newest run's last.ckpt; 'auto' = the "
+                                 "--run-version folder's, if it has one", saved=False, metavar="CKPT|last|auto")
+    init_from: str | None = setting(None, optional(text), "start a new run from this checkpoint's weights, with "
+                                    "this run's settings ('last', 'best' or a path)", metavar="CKPT")
+    save_top_k: int = setting(1, top_k, "how many of the best checkpoints (by val/acc) to keep; -1 keeps all",
+                              metavar="K")
+    checkpoint_every_n_steps: int | None = setting(None, optional(positive_int), "also refresh last.ckpt every N "
+                                                   "optimizer steps", metavar="N")
+    export: str | None = setting(None, optional(text), "where to write model.pth (default: the run folder)",
+                                 saved=False, metavar="PATH")
+    export_pt2: str | None = setting(None, optional(text), "also write a torch.export program (.pt2)",
+                                     saved=False, metavar="PATH")
+    overwrite: bool = setting(False, flag, "let --export/--export-pt2 replace existing files", saved=False)
+    debug: bool = setting(False, flag, "show tracebacks for errors", saved=False)
+    # Any other lightning.Trainer argument (--trainer.KEY VALUE), checked against its signature.
+    trainer: dict[str, Any] = field(default_factory=dict, metadata={"saved": True})
+
+    def __post_init__(self) -> None:
+        if self.fast_dev_run and self.resume:
+            raise UsageError("--fast-dev-run cannot be combined with --resume")
+        if self.resume and self.init_from:
+            raise UsageError("--resume continues a run, --init-from starts a new one from its weights: choose one")
+        if self.warmup_steps is not None and self.scheduler != "cosine":
+            raise UsageError(f"--warmup-steps applies to --scheduler cosine, not {self.scheduler}")
+
+    @classmethod
+    def settings(cls) -> dict[str, dataclasses.Field]:
+        """The fields a flag, a config file or a sweep may set."""
+        return {f.name: f for f in dataclasses.fields(cls) if "check" in f.metadata}
+
+    @classmethod
+    def check_value(cls, key: str, value: Any) -> Any:
+        """One setting's value, typed and checked; ValueError names what is wrong."""
+        return cls.settings()[key].metadata["check"](value)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """What ``config.yaml`` holds: every setting that defines the run, not this invocation's extras."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
+        if not values["trainer"]:
+            del values["trainer"]
+        return values
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def wants_tuner(self) -> bool:
+        return self.find_batch_size or self.find_lr
+
+
+# Trainer arguments that are also first-class settings: ``--trainer.max_epochs`` is ``--max-epochs``.
+TRAINER_SETTINGS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_epochs", "deterministic",
+                    "detect_anomaly", "fast_dev_run", "log_every_n_steps")
+
+
+def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to values") -> dict[str, Any]:
+    """A YAML file that must hold a mapping; any problem is one line starting with ``label``."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = yaml.safe_load(stream) or {}
+    except OSError as err:
+        raise UsageError(f"{label}: cannot read it ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{label}: not UTF-8 text (save it as UTF-8)") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"{label}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{label}: nested too deeply to be a config file") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{label}: expected {expected}")
+    return document
+
+
+def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
+    """A ``RunConfig`` from layers of values, each overriding the ones before it.
+
+    A layer is ``(values, source)``: a config file's mapping (source ``--config FILE``), a sweep
+    trial's, or the command line's flags (source ``""``). ``values["trainer"]`` holds Lightning
+    ``Trainer`` arguments; those that are first-class settings are moved to them, and a layer
+    that gives both differently is refused.
+    """
+    settings: dict[str, Any] = {}
+    passthrough: dict[str, Any] = {}
+    for values, source in layers:
+        layer, trainer = _checked_layer(values, source)
+        settings.update(layer)
+        passthrough.update(trainer)
+    if passthrough:
+        from project.config.trainer_args import check_trainer_args  # imports Lightning: only when needed
+
+        passthrough = check_trainer_args(passthrough)
+    return RunConfig(**settings, trainer=passthrough)
+
+
+def _label(source: str, key: str, trainer: bool = False) -> str:
+    if source:
+        return f"{source}: {'trainer.' if trainer else ''}{key}"
+    return f"--trainer.{key}" if trainer else f"--{key.replace('_', '-')}"
+
+
+def _checked_layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    known = RunConfig.settings()
+    checked: dict[str, Any] = {}
+    trainer = values.get("trainer") or {}
+    if not isinstance(trainer, Mapping):
+        raise UsageError(f"{_label(source, 'trainer')}: expected a mapping of Trainer arguments")
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name == "trainer":
+            continue
+        if name not in known:
+            raise UsageError(f"{source}: unknown key {key!r} (keys are train.py flag names, e.g. max_epochs)")
+        checked[name] = _check(name, value, _label(source, str(key)))
+    passthrough: dict[str, Any] = {}
+    for key, value in trainer.items():
+        key = str(key)
+        if key not in TRAINER_SETTINGS:
+            passthrough[key] = value
+            continue
+        typed = _check(key, value, _label(source, key, trainer=True))
+        if key in checked and checked[key] != typed:
+            raise UsageError(f"{_label(source, key, trainer=True)} {value} and {_label(source, key)} "
+                             f"{checked[key]} disagree; give one of them")
+        checked[key] = typed
+    return checked, passthrough
+
+
+def _check(name: str, value: Any, label: str) -> Any:
+    try:
+        return RunConfig.check_value(name, value)
+    except ValueError as err:
+        raise UsageError(f"{label}: {err}") from None

@@ -1,0 +1,103 @@
+"""``--trainer.KEY VALUE``: any ``lightning.Trainer`` argument, checked against the Trainer's own signature."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import types
+import typing
+from typing import Any
+
+from project.errors import UsageError
+
+# Arguments the template fills itself; the hint says where a user changes them instead.
+OWNED = {
+    "logger": "use --logger",
+    "callbacks": "the template's callbacks are set in project/training/build.py; add yours there",
+    "plugins": "set in project/training/build.py (the template installs its atomic checkpoint writer)",
+    "default_root_dir": "use --logdir",
+}
+
+
+def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
+    """The values, each checked against the type ``lightning.Trainer`` declares for it."""
+    from lightning.pytorch import Trainer
+
+    parameters = [name for name in inspect.signature(Trainer.__init__).parameters if name != "self"]
+    hints = typing.get_type_hints(Trainer.__init__)
+    for key, value in values.items():
+        if key in OWNED:
+            raise UsageError(f"--trainer.{key}: set by the template; {OWNED[key]}")
+        if key not in parameters:
+            close = difflib.get_close_matches(key, parameters, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UsageError(f"--trainer.{key}: not an argument of lightning.Trainer{hint}")
+        expected = hints.get(key)
+        if expected is not None and not fits(value, expected):
+            raise UsageError(f"--trainer.{key}: expected {describe(expected)}, got {value!r}")
+    return dict(values)
+
+
+def parse_text(text: str) -> Any:
+    """A command-line value as YAML reads it: ``0.5`` a float, ``true`` a bool, ``null`` None, ``simple`` a string."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(m for arg in typing.get_args(hint) for m in _members(arg))
+    return (hint,)
+
+
+def fits(value: Any, hint: Any) -> bool:
+    """Whether a plain value (from YAML or the command line) is one of the types ``hint`` allows."""
+    for member in _members(hint):
+        origin = typing.get_origin(member)
+        if member is Any:
+            return True
+        if origin is typing.Literal:
+            if value in typing.get_args(member) and not isinstance(value, bool):
+                return True
+        elif member is type(None):
+            if value is None:
+                return True
+        elif member is bool:
+            if isinstance(value, bool):
+                return True
+        elif member in (int, float):
+            if isinstance(value, (int, float) if member is float else int) and not isinstance(value, bool):
+                return True
+        elif member is str:
+            if isinstance(value, str):
+                return True
+        elif origin is list:
+            (item,) = typing.get_args(member) or (Any,)
+            if isinstance(value, list) and all(fits(v, item) for v in value):
+                return True
+        elif origin is dict:
+            if isinstance(value, dict):
+                return True
+    return False
+
+
+def describe(hint: Any) -> str:
+    """The plain values a hint allows, in words; Python objects (profilers, loggers) are left out."""
+    words: list[str] = []
+    for member in _members(hint):
+        origin = typing.get_origin(member)
+        if origin is typing.Literal:
+            words += [repr(v) for v in typing.get_args(member)]
+        elif member is type(None):
+            words.append("null")
+        elif member in (bool, int, float, str):
+            words.append(member.__name__)
+        elif origin is list:
+            words.append("a list")
+        elif origin is dict:
+            words.append("a mapping")
+    return ", ".join(dict.fromkeys(words)) or "a Python object (set it in code)"

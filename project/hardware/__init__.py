@@ -1,0 +1,1 @@
+"""Devices: which accelerator, how many processes, memory, CUDA graphs."""

@@ -1,0 +1,144 @@
+"""Which hardware a run asks for, checked against what this machine has; device memory helpers."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from project.config.schema import RunConfig
+from project.errors import UsageError
+
+# Lightning's shorthands, spelled out so that Lightning does not warn about them.
+_PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """What ``auto`` means on this machine (``cuda``, ``mps`` or ``cpu``); ``gpu`` means ``cuda``."""
+    if accelerator in ("gpu", "cuda"):
+        return "cuda"
+    if accelerator != "auto":
+        return accelerator
+    if torch.cuda.is_available():
+        return "cuda"
+    if mps_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """Lightning's precision string for this run; fp16 autocast does not exist on CPU, bf16 does."""
+    precision = _PRECISION_ALIASES.get(precision, precision)
+    if resolve_accelerator(accelerator) == "cpu" and precision == "16-mixed":
+        rank_zero_info("note: fp16 mixed precision is not available on CPU; using bf16-mixed")
+        return "bf16-mixed"
+    return precision
+
+
+def _what_is_here() -> str:
+    if mps_available():
+        return "an Apple GPU (use --accelerator mps) and the CPU"
+    return "only the CPU"
+
+
+def resolve_hardware(config: RunConfig) -> RunConfig:
+    """The config with its precision resolved for this machine, or a one-line refusal of what it cannot serve."""
+    validate_hardware(config)
+    return config.replace(precision=resolve_precision(config.precision, config.accelerator))
+
+
+def validate_hardware(config: RunConfig) -> None:
+    """Refuse, in one line, a request this machine cannot serve."""
+    accelerator = resolve_accelerator(config.accelerator)
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UsageError(
+            f"--accelerator {config.accelerator}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
+            f"this machine has {_what_is_here()}. Use --accelerator cpu, or see scripts/check_gpu.py"
+        )
+    if accelerator == "mps" and not mps_available():
+        raise UsageError(f"--accelerator mps: no Apple GPU (MPS) here; this machine has {_what_is_here()}")
+    devices = config.devices
+    if accelerator == "cuda":
+        count = torch.cuda.device_count()
+        if isinstance(devices, int) and devices > count:
+            raise UsageError(f"--devices {devices}: only {count} CUDA GPU(s) visible (indices 0..{count - 1})")
+        if isinstance(devices, list):
+            missing = [i for i in devices if i >= count]
+            if missing:
+                raise UsageError(
+                    f"--devices: GPU index {missing[0]} does not exist; {count} visible (indices 0..{count - 1})"
+                )
+    elif isinstance(devices, list):
+        raise UsageError(
+            f"--devices {','.join(map(str, devices))}: device indices select GPUs; on {accelerator} give a "
+            "process count instead, e.g. --devices 2"
+        )
+    if config.gpu_memory_fraction is not None and accelerator != "cuda":
+        raise UsageError(
+            f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
+        )
+    _validate_strategy(config.strategy)
+    if config.strategy.startswith("fsdp") and accelerator != "cuda":
+        raise UsageError(f"--strategy {config.strategy} shards the model over GPUs; it needs --accelerator gpu")
+    if config.num_nodes > 1 and not launched_by_cluster_tool():
+        raise UsageError(
+            f"--num-nodes {config.num_nodes}: start one copy per machine with torchrun (--nnodes, --node-rank, "
+            "--master-addr) or srun under SLURM; see the README's multi-node section"
+        )
+
+
+def expected_world_size(config: RunConfig) -> int:
+    """How many processes the Trainer will start for ``config`` (Lightning's rule for ``devices``)."""
+    devices = config.devices
+    if isinstance(devices, list):
+        count = len(devices)
+    elif devices in (-1, "auto"):
+        accelerator = resolve_accelerator(config.accelerator)
+        every = torch.cuda.device_count() if accelerator == "cuda" else (os.cpu_count() or 1)
+        count = every if devices == -1 or accelerator == "cuda" else 1
+    else:
+        count = int(devices)
+    return count * config.num_nodes
+
+
+def launched_by_cluster_tool() -> bool:
+    """True under torchrun/torchelastic, SLURM, or an explicit MASTER_ADDR/NODE_RANK setup."""
+    env = os.environ
+    return any(key in env for key in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "NODE_RANK", "GROUP_RANK")) or (
+        "MASTER_ADDR" in env and "WORLD_SIZE" in env
+    )
+
+
+def _validate_strategy(strategy: str) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if strategy in ("dp", "dataparallel"):
+        raise UsageError(
+            f"--strategy {strategy}: Lightning 2 removed DataParallel; use --strategy ddp (one process per device)"
+        )
+    known = set(StrategyRegistry.available_strategies()) | {"auto", "ddp", "ddp_spawn", "fsdp"}
+    if strategy not in known:
+        raise UsageError(
+            f"--strategy {strategy!r} is not a Lightning strategy; common ones: auto, ddp, ddp_spawn, "
+            "ddp_find_unused_parameters_false, fsdp (all: lightning.pytorch.strategies.StrategyRegistry)"
+        )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated memory on a CUDA device, else this process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def release_cuda_cache() -> None:
+    """Hand cached, unused CUDA blocks back to the driver (other processes can use them)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,0 +1,180 @@
+"""The training recipe: steps, metrics, optimiser and schedule around the plain ``MLP``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
+from project.hardware.cuda_graphs import GraphedStep
+from project.recipe.model import MLP
+from project.training.steps_per_call import run_steps
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def accuracy_metric() -> MulticlassAccuracy:
+    # validate_args=False: the inputs are ours and well-formed; the checks cost a host sync per step.
+    return MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro", validate_args=False)
+
+
+def default_warmup(total_steps: int) -> int:
+    """Cosine's warm-up when none is given: 5 % of the run, the usual share."""
+    return max(1, total_steps // 20)
+
+
+class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
+    """Linear warm-up from ~0 to the LR over ``warmup_steps``, then cosine decay to 0 at ``total_steps``.
+
+    ``total_steps`` is saved with the schedule's state, so a resume that would stretch or cut
+    the schedule can be refused, as for one-cycle.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int) -> None:
+        self.total_steps = total_steps
+        self.warmup_steps = min(warmup_steps, total_steps)
+        super().__init__(optimizer, self.factor)
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class LitMNIST(L.LightningModule):
+    """Classifies MNIST with the article's MLP, trained with ``NLLLoss`` on log-probabilities.
+
+    ``batch_loss`` is the training logic of one batch. With ``steps_per_call`` K > 1, each
+    Lightning step gets K consecutive batches and takes one optimizer step per batch (manual
+    optimisation in ``project/training/steps_per_call.py``); with K = 1, Lightning's usual automatic
+    optimisation. Validation and test steps return their log-probabilities, so callbacks (the
+    figures) can use them without running the model again.
+    """
+
+    def __init__(
+        self,
+        hidden: Sequence[int] = (128,),
+        optimizer: str = "sgd",
+        lr: float = 0.2,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        scheduler: str = "onecycle",
+        warmup_steps: int | None = None,
+        steps_per_call: int = 1,
+        cuda_graphs: bool = False,
+    ) -> None:
+        super().__init__()
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
+        # Plain values only, so checkpoints load under torch.load(weights_only=True).
+        self.save_hyperparameters(
+            {"hidden": [int(h) for h in hidden], "optimizer": optimizer, "lr": float(lr),
+             "momentum": float(momentum), "weight_decay": float(weight_decay), "scheduler": scheduler,
+             "warmup_steps": warmup_steps},
+            logger=False,
+        )
+        self.model = MLP(hidden)
+        self.loss_fn = nn.NLLLoss()
+        self.train_acc, self.val_acc, self.test_acc = accuracy_metric(), accuracy_metric(), accuracy_metric()
+        # No train loss metric: the step losses the logger writes are the training curve,
+        # and a per-step MeanMetric update would cost more than the MLP's own step.
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+        # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
+        self.steps_per_call = steps_per_call
+        self.automatic_optimization = steps_per_call == 1
+        self.cuda_graphs = cuda_graphs
+        self.graphed_step = GraphedStep(self, self.batch_loss) if cuda_graphs else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def batch_loss(self, batch: Batch) -> torch.Tensor:
+        """The training logic of one batch (what to edit): its loss, and the training accuracy."""
+        x, y = batch
+        log_probs = self.model(x)
+        loss = self.loss_fn(log_probs, y)
+        self.train_acc.update(log_probs.detach(), y)
+        return loss
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        if not self.automatic_optimization:
+            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.graphed_step)
+        loss = self.batch_loss(batch)
+        # self.log costs more than the MLP's step: only the steps the logger writes pay for it.
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss", loss.detach(), prog_bar=True)
+        return loss
+
+    def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy) -> torch.Tensor:
+        x, y = batch
+        log_probs = self.model(x)
+        loss.update(self.loss_fn(log_probs, y), weight=y.shape[0])
+        acc.update(log_probs, y)
+        # Logging the metric objects: Lightning computes them at epoch end, synced across DDP
+        # ranks, and resets them.
+        self.log(f"{stage}/loss", loss, prog_bar=True)
+        self.log(f"{stage}/acc", acc, prog_bar=True)
+        return log_probs
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        return self._eval_step("val", batch, self.val_loss, self.val_acc)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        return self._eval_step("test", batch, self.test_loss, self.test_acc)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(x).exp()
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/acc", self.train_acc, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.val_acc_best.update(self.val_acc.compute())
+            # Already synced by compute(); sync_dist only marks the value as global (no-op mean).
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = self.model.parameters()
+        # Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step.
+        # A captured step reads the LR from a tensor, which the schedule then updates in place.
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        lr = torch.tensor(hp.lr, device=self.device) if self.cuda_graphs else hp.lr
+        if hp.optimizer == "sgd":
+            optimizer = torch.optim.SGD(params, lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+                                        nesterov=hp.momentum > 0, **fused)
+        elif hp.optimizer == "adam":
+            optimizer = torch.optim.Adam(params, lr=lr, weight_decay=hp.weight_decay,
+                                         **({"capturable": True} if self.cuda_graphs else fused))
+        else:
+            optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=hp.weight_decay,
+                                          **({"capturable": True} if self.cuda_graphs else fused))
+        if hp.scheduler == "none":
+            return optimizer
+        total = self.optimizer_steps()
+        if hp.scheduler == "cosine":
+            warmup = hp.get("warmup_steps")
+            scheduler: Any = WarmupCosine(optimizer, total, default_warmup(total) if warmup is None else warmup)
+        else:
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def optimizer_steps(self) -> int:
+        """How many optimizer steps this fit takes (Lightning counts Lightning steps, K of ours each)."""
+        if self.automatic_optimization:
+            return int(self.trainer.estimated_stepping_batches)
+        datamodule = self.trainer.datamodule
+        return datamodule.steps_per_epoch() * self.trainer.max_epochs

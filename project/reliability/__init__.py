@@ -1,0 +1,1 @@
+"""Nothing lost: checkpoints, exact resume, stops at safe points, DDP failures, SLURM."""

@@ -1,0 +1,160 @@
+"""``--resume`` and ``--init-from``: the checkpoint to continue from, checked against this run before anything
+is written. A resume continues the same run: same settings, same folder, same steps per call."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from project.reliability.checkpointing import find_checkpoint, read_checkpoint
+from project.config.schema import RunConfig
+from project.errors import NothingToDo, UsageError, UserError
+from project.training.plan import check_schedule_length, planned_steps
+from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
+
+# Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
+TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
+           "batch_size", "hidden", "precision", "loader", "scale_lr")
+TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+                        "limit_train_batches", "max_steps")
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a run continues from, and what it recorded of the run that wrote it."""
+
+    path: Path
+    record: dict[str, Any]  # checkpoint["run_record"]: the settings its run trained with, and its K
+    steps_per_call: int | None
+    global_step: int
+
+    def chose_steps_per_call(self, steps_per_call: int) -> bool:
+        """Whether ``steps_per_call`` is what ``auto`` chose for the run this one resumes."""
+        return self.steps_per_call == steps_per_call and self.record.get("config", {}).get("steps_per_call") == "auto"
+
+    @property
+    def run_folder(self) -> Path | None:
+        """``LOGDIR/NAME/VERSION`` when the checkpoint lies in a run's ``checkpoints/`` folder."""
+        return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
+
+
+def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> Resume | None:
+    """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
+    schedule of another length is one line before any run folder exists (``train_size``: training images)."""
+    if not config.resume:
+        return None
+    if config.resume == "auto":  # slurm/train.sbatch: the job's own folder, once it has a checkpoint
+        if not config.run_version:
+            raise UsageError("--resume auto continues the run --run-version names (as slurm/train.sbatch does); "
+                             "add --run-version NAME")
+        path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            return None
+    else:
+        path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
+    if config.wants_tuner:
+        raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
+                         "drop the tuner flag")
+    checkpoint = read_checkpoint(path)
+    record = checkpoint.get("run_record", {})
+    check_same_training(record.get("config", {}), config, path)
+    saved_world = checkpoint.get("MNISTDataModule", {}).get("world_size")
+    if saved_world is not None and saved_world != world_size:
+        raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
+                        "each rank's place in the epoch's data order depends on it: resume with the same "
+                        "--devices and --num-nodes")
+    schedules = checkpoint.get("lr_schedulers") or [{}]
+    total = schedules[0].get("total_steps")
+    if total is not None and train_size is not None:
+        check_schedule_length(total, planned_steps(config, train_size, world_size))
+    return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)))
+
+
+def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
+    """Refuse, naming the flag, any setting that would change what the checkpoint's run trains."""
+    now = {**config.to_mapping(), "precision": _full_precision(config.precision)}
+    saved = {**saved, **({"precision": _full_precision(saved["precision"])} if "precision" in saved else {})}
+    keys = [*TRAINED, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
+    differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
+                 if key in saved and saved[key] != now.get(key)]
+    saved_trainer, trainer = saved.get("trainer", {}), config.trainer
+    differing += [(f"--trainer.{key}", saved_trainer.get(key), trainer.get(key)) for key in TRAINED_TRAINER_ARGS
+                  if saved and saved_trainer.get(key) != trainer.get(key)]
+    if differing:
+        flag, before, after = differing[0]
+        raise UserError(f"{flag} {_shown(after)}: the checkpoint's run trained with {flag} {_shown(before)}, and a "
+                        f"resume continues that run; resume with {flag} {_shown(before)}, or start a new run from "
+                        f"its weights with --init-from {path}")
+
+
+def _full_precision(precision: str) -> str:
+    """Lightning's short names for precisions (``32`` is ``32-true``)."""
+    return {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(str(precision),
+                                                                                      str(precision))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "(not set)" if value is None else str(value)
+
+
+def initial_weights(config: RunConfig) -> dict[str, Any] | None:
+    """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
+    if not config.init_from:
+        return None
+    path = find_checkpoint(config.init_from, config.logdir, config.name, "--init-from")
+    return read_checkpoint(path)["state_dict"]
+
+
+def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:
+    """A resume continues in the folder of the run it resumes, with the steps per call that run took.
+
+    Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
+    of a killed save removed. A finished run is left alone, in one line, unless this one asks for more
+    epochs (possible without a fixed-length schedule): then the run goes on in its folder.
+    """
+    if resume is None:
+        return config
+    if config.steps_per_call == "auto" and resume.steps_per_call:
+        config = config.replace(steps_per_call=resume.steps_per_call)
+    folder = resume.run_folder
+    if folder is None or rank_zero_only.rank != 0:
+        return config.replace(**_folder_settings(folder, resume)) if folder else config
+    done = finished_results(folder)
+    if done is not None and config.max_epochs == resume.record.get("config", {}).get("max_epochs"):
+        raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "
+                          f"{done['weights']}); nothing to resume, nothing written")
+    remove_partial_files(folder)
+    roll_back_logs(folder, resume.global_step)
+    return config.replace(**_folder_settings(folder, resume))
+
+
+def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:
+    """``logdir``, ``name`` and ``run_version`` of ``folder``, spelled as its run spelled them where they match
+    (the checkpoint callbacks restore their state only into the same folder name)."""
+    saved = resume.record.get("config", {})
+    logdir, name = str(folder.parent.parent), folder.parent.name
+    if saved.get("logdir") and saved.get("name") == name and \
+            Path(saved["logdir"], name).resolve() == folder.parent.resolve():
+        logdir = saved["logdir"]
+    return {"logdir": logdir, "name": name, "run_version": folder.name}
+
+
+def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
+    """``--init-from``: a new run starts from a checkpoint's weights (its optimizer and schedule are new)."""
+    weights = initial_weights(config)
+    if weights is None:
+        return
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
+                       line or "Unexpected" in line), str(err).splitlines()[0])
+        raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
+                        "use the model settings it was trained with (e.g. --hidden)") from None

@@ -1,0 +1,211 @@
+"""A run's folder and what it writes beside its checkpoints: config.yaml, results.json, TensorBoard's TEXT and
+HPARAMS; the folder claimed atomically, and its logs rolled back to a checkpoint when a run resumes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from project.training.build import run_dir
+from project.config.schema import RunConfig
+from project.errors import UsageError
+from project.results.tensorboard_figures import tensorboard_of
+
+RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
+
+
+def check_outputs_writable(config: RunConfig) -> None:
+    """Report an unwritable or full log folder, or a bad export path, now and not after training."""
+    if config.fast_dev_run:
+        return
+    _check_writable_dir(Path(config.logdir), "--logdir")
+    named = Path(config.logdir) / config.name / (config.run_version or "")
+    if config.run_version and named.exists() and rank_zero_only.rank == 0 and not config.resume:
+        raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
+                         "choose another (or continue it with --resume)")
+    exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
+    for flag, value, example in exports:
+        if not value:
+            continue
+        export = Path(value)
+        if export.is_dir():
+            raise UsageError(f"{flag} {export}: is a directory; give a file path such as {export / example}")
+        if export.exists() and not config.overwrite:
+            raise UsageError(f"{flag} {export}: the file exists; add --overwrite to replace it")
+        _check_writable_dir(export.parent, flag)
+
+
+def _check_writable_dir(folder: Path, flag: str) -> None:
+    """A real write of a checkpoint-sized block: an empty file fits on a full disk too."""
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as stream:
+            stream.write(b"\0" * (1 << 20))
+            stream.flush()
+            os.fsync(stream.fileno())
+    except OSError as err:
+        raise UsageError(f"{flag} {folder}: cannot write there ({err.strerror or err})") from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder was not there to write in: reported above
+
+
+def claim_run_folder(config: RunConfig) -> RunConfig:
+    """Make the run's folder now, atomically (``mkdir`` fails if it exists): runs started at the same
+    moment never share one. Rank 0 claims it; the ranks Lightning starts later are told its name."""
+    if config.fast_dev_run:
+        return config
+    if rank_zero_only.rank != 0:
+        return config.replace(run_version=os.environ.get(RUN_VERSION_ENV, config.run_version))
+    parent = Path(config.logdir) / config.name
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if config.run_version:
+            (parent / config.run_version).mkdir(exist_ok=bool(config.resume))
+            version = config.run_version
+        else:
+            version = _next_free_version(parent)
+    except FileExistsError:
+        raise UsageError(f"--run-version {config.run_version}: {parent / str(config.run_version)} exists; runs never "
+                         "share a folder, choose another") from None
+    except OSError as err:
+        raise UsageError(f"--logdir {config.logdir}: cannot make the run folder in {parent} "
+                         f"({err.strerror or err})") from None
+    os.environ[RUN_VERSION_ENV] = version
+    return config.replace(run_version=version)
+
+
+def _next_free_version(parent: Path) -> str:
+    taken = [int(p.name[8:]) for p in parent.glob("version_*") if re.fullmatch(r"version_\d+", p.name)]
+    number = max(taken, default=-1) + 1
+    while True:
+        try:
+            (parent / f"version_{number}").mkdir()
+            return f"version_{number}"
+        except FileExistsError:  # another run took it a moment ago
+            number += 1
+
+
+def roll_back_logs(folder: Path, step: int) -> None:
+    """Cut the logs back to the checkpoint at ``step``, so that a resumed run's curves continue with no gap
+    and no overlap: what was logged at steps from ``step`` on is logged again by the resumed run.
+
+    Lightning logs optimizer step N's metrics (and the validation after it) at step N - 1, so the
+    checkpoint taken after step N holds exactly what is logged below N.
+    """
+    stamps = [0]
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("events.out.tfevents."):
+            _keep_events_before(path, step)
+            stamps.append(int(path.name.split(".")[3]))
+        elif path.name == "metrics.csv":
+            _keep_rows_before(path, step)
+    # TensorBoard reads a folder's event files in name order, which starts with the second they were
+    # made in: the resumed run's must come after the old ones, or its steps look like a restart.
+    while int(time.time()) <= max(stamps):
+        time.sleep(0.05)
+
+
+def _keep_events_before(path: Path, step: int) -> None:
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    records = list(RawEventFileLoader(str(path)).Load())
+    kept = [record for record in records if Event.FromString(record).step < step]
+    if len(kept) == len(records):
+        return
+    cut = path.with_name(f".{path.name}.cut")
+    with open(cut, "wb") as stream:
+        writer = RecordWriter(stream)
+        for record in kept:
+            writer.write(record)
+    os.replace(cut, path)
+
+
+def _keep_rows_before(path: Path, step: int) -> None:
+    with open(path, newline="") as stream:
+        rows = list(csv.reader(stream))
+    if not rows or "step" not in rows[0]:
+        return
+    column = rows[0].index("step")
+    kept = [rows[0]] + [row for row in rows[1:] if not row[column] or float(row[column]) < step]
+    if len(kept) < len(rows):
+        with open(path, "w", newline="") as stream:
+            csv.writer(stream).writerows(kept)
+
+
+def remove_partial_files(folder: Path) -> None:
+    """Temporary files a killed save left behind (``.last.ckpt.XXXX.tmp``)."""
+    for sub in (folder, folder / "checkpoints"):
+        if sub.is_dir():
+            for path in sub.glob(".*.tmp"):
+                path.unlink(missing_ok=True)
+
+
+def finished_results(folder: Path) -> dict[str, Any] | None:
+    """A run is finished once its ``results.json`` names weights that exist; those results."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    weights = results.get("weights")
+    return results if weights and Path(weights).is_file() else None
+
+
+def save_config(trainer: L.Trainer, config: RunConfig) -> Path:
+    """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run."""
+    import yaml
+
+    path = run_dir(trainer) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.to_mapping(), sort_keys=False))
+    return path
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """The run's numbers for machines: full precision, unlike the printed summary."""
+    path.write_text(json.dumps({k: float(v) if hasattr(v, "item") else v for k, v in results.items()}, indent=2))
+
+
+def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
+    """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
+    tensorboard = tensorboard_of(trainer)
+    if tensorboard is None:
+        return
+    command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+    settings = {**config.to_mapping(), "world_size": trainer.world_size}
+    table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{v}` |" for k, v in settings.items())
+    tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
+    tensorboard.experiment.add_text("run/config", table, 0)
+
+
+def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], results: dict[str, float]) -> None:
+    """Fill TensorBoard's HPARAMS tab (and the other loggers) with the run's real best/test accuracy."""
+    from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.log_hyperparams(hparams, results)
+        else:
+            logger.log_hyperparams(hparams)
+            logger.log_metrics(results, step=trainer.global_step)
+        logger.save()
+    # The loggers wrote hparams.yaml when the run started, before these were known.
+    if trainer.loggers:
+        save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)

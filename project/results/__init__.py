@@ -1,0 +1,1 @@
+"""What a trained run gives: exported files, evaluation, prediction, figures."""

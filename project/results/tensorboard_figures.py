@@ -1,0 +1,134 @@
+"""TensorBoard pictures of a run, as a callback: first batch, confusion matrices, worst mistakes."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from project import NUM_CLASSES
+
+from project.results import figures
+
+
+def tensorboard_of(trainer: L.Trainer) -> TensorBoardLogger | None:
+    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+
+
+class WorstMistakes:
+    """The test images misclassified with the highest loss, kept as a running top-k on the device."""
+
+    def __init__(self, k: int = 32) -> None:
+        self.k = k
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.images = self.log_probs = self.targets = None
+
+    def update(self, images: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor) -> None:
+        loss = nn.functional.nll_loss(log_probs.float(), targets, reduction="none")
+        loss = torch.where(log_probs.argmax(1) != targets, loss, torch.full_like(loss, -torch.inf))
+        images, log_probs = images.reshape(len(images), 1, 28, 28), log_probs.float()
+        if self.loss is not None:
+            loss, images = torch.cat([self.loss, loss]), torch.cat([self.images, images])
+            log_probs, targets = torch.cat([self.log_probs, log_probs]), torch.cat([self.targets, targets])
+        keep = loss.topk(min(self.k, len(loss))).indices
+        self.loss, self.images, self.log_probs, self.targets = loss[keep], images[keep], log_probs[keep], targets[keep]
+
+    def _padded(self, device: torch.device) -> list[torch.Tensor]:
+        """Exactly k rows (padding has loss -inf), so every rank gathers tensors of one shape."""
+        held = 0 if self.loss is None else len(self.loss)
+        pad = self.k - held
+        blanks = [torch.full((pad,), -torch.inf, device=device), torch.zeros(pad, 1, 28, 28, device=device),
+                  torch.zeros(pad, NUM_CLASSES, device=device), torch.zeros(pad, dtype=torch.long, device=device)]
+        if held == 0:
+            return blanks
+        parts = [self.loss, self.images.float(), self.log_probs, self.targets]
+        return [torch.cat([part, blank]) for part, blank in zip(parts, blanks, strict=True)]
+
+    def compute(self, module: L.LightningModule) -> dict[str, torch.Tensor]:
+        """Gather every rank's candidates (all ranks must call this) and keep the real mistakes."""
+        parts = self._padded(module.device)
+        if module.trainer.world_size > 1:
+            parts = [module.all_gather(p).flatten(0, 1) for p in parts]
+        loss, images, log_probs, targets = parts
+        order = loss.argsort(descending=True)[: self.k]
+        order = order[torch.isfinite(loss[order])]
+        probs = log_probs[order].exp()
+        return {"images": images[order].cpu(), "predicted": probs.argmax(1).cpu(), "true": targets[order].cpu(),
+                "confidence": probs.max(1).values.cpu()}
+
+
+class TensorBoardFigures(Callback):
+    """``train/first_batch``, ``val/confusion_matrix`` each epoch, and at the end of testing
+    ``test/confusion_matrix`` and ``test/worst_misclassified``.
+
+    The two test figures take matplotlib two seconds on a small CPU, so they are drawn on a
+    thread (``drawing``), which ``train()`` joins unless told to let its caller print first.
+    """
+
+    def __init__(self, worst_k: int = 32) -> None:
+        self.val_confusion = MulticlassConfusionMatrix(num_classes=NUM_CLASSES, validate_args=False)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes=NUM_CLASSES, validate_args=False)
+        self.worst = WorstMistakes(worst_k)
+        self.drawing: threading.Thread | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.val_confusion.to(pl_module.device)
+        self.test_confusion.to(pl_module.device)
+
+    def _image(self, trainer: L.Trainer, tag: str, image: torch.Tensor) -> None:
+        tensorboard = tensorboard_of(trainer)
+        if tensorboard is not None and trainer.is_global_zero:
+            tensorboard.experiment.add_image(tag, image, trainer.global_step)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step == 0 and batch_idx == 0:
+            self._image(trainer, "train/first_batch", figures.batch_grid(batch[0]))
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.val_confusion.update(outputs, batch[1])
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        confusion = self.val_confusion.compute()  # a collective under DDP: every rank takes part
+        self.val_confusion.reset()
+        if not trainer.sanity_checking:
+            self._image(trainer, "val/confusion_matrix", figures.confusion_heatmap(confusion))
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.test_confusion.reset()
+        self.worst.reset()
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.test_confusion.update(outputs, batch[1])
+        self.worst.update(batch[0], outputs, batch[1])
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        results = {"confusion": self.test_confusion.compute().cpu(), **self.worst.compute(pl_module)}
+        tensorboard = tensorboard_of(trainer)
+        if tensorboard is None or not trainer.is_global_zero:
+            return
+        self.drawing = threading.Thread(target=self._draw, args=(tensorboard.log_dir, results, trainer.global_step),
+                                        name="test-figures")
+        self.drawing.start()
+
+    @staticmethod
+    def _draw(log_dir: str, results: dict[str, torch.Tensor], step: int) -> None:
+        # A writer of its own (another event file in the run folder): the logger's may be closing meanwhile.
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(log_dir) as writer:
+            writer.add_figure("test/confusion_matrix", figures.confusion_figure(results["confusion"], "test set"),
+                              step)
+            if len(results["images"]):
+                writer.add_figure("test/worst_misclassified", figures.misclassified_figure(
+                    results["images"], results["predicted"], results["true"], results["confidence"]), step)

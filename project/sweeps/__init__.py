@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps with Optuna: studies, storages, parallel workers, reports."""

@@ -1,0 +1,63 @@
+"""What a sweep leaves behind: the best-trials table, ``best.yaml`` and the study's plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from project.config.schema import resolve_config
+from project.results.figures import pyplot
+
+
+def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
+    """Best-trials table, ``best.yaml`` for ``train.py --config``, history and importance plots."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    counts = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
+    lines = [f"study {study.study_name}: {len(study.trials)} trials "
+             f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})"]
+    if not done:
+        return "\n".join(lines + ["no trial completed yet"])
+    best = sorted(done, key=lambda t: t.value, reverse=True)[:top]
+    keys = sorted({k for t in best for k in t.params})
+    lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
+    lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
+              for t in best]
+    best_config = resolve_config([(fixed, "fixed"), (best[0].params, "params")])
+    config = {k: v for k, v in best_config.to_mapping().items() if k not in ("data_dir", "logdir", "name")}
+    (folder / "best.yaml").write_text(
+        f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"
+        + yaml.safe_dump(config, sort_keys=False))
+    lines += ["", f"best config  {folder / 'best.yaml'}  (train.py --config {folder / 'best.yaml'})"]
+    lines += _plots(study, folder)
+    (folder / "best_trials.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) and not math.isnan(value) else str(value)
+
+
+def _plots(study: optuna.Study, folder: Path) -> list[str]:
+    plt = pyplot()
+    from optuna.visualization import matplotlib as optuna_plots
+
+    written = []
+    for name, plot in (("history", optuna_plots.plot_optimization_history),
+                       ("importance", optuna_plots.plot_param_importances)):
+        try:
+            axes = plot(study)
+        except (ValueError, RuntimeError) as err:  # e.g. importance needs two completed trials
+            written.append(f"{name} plot skipped: {str(err).splitlines()[0]}")
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
+        figure.set_size_inches(8, 4.5)
+        figure.tight_layout()
+        figure.savefig(folder / f"{name}.png", dpi=110)
+        plt.close(figure)
+        written.append(f"{name} plot  {folder / f'{name}.png'}")
+    return written

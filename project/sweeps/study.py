@@ -1,0 +1,235 @@
+"""Optuna sweeps over the template's flags: search space from YAML, trials as real training runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import optuna
+import yaml
+from lightning.pytorch.callbacks import Callback
+
+from project.training.build import build_datamodule
+from project.config.schema import RunConfig, load_yaml, resolve_config
+from project.training.console import quiet_lightning_info
+from project.recipe.data import MNISTDataModule
+from project.hardware.devices import expected_world_size
+from project.errors import NonFiniteLossError, UsageError, UserError
+from project.training.run import train
+from project.sweeps.storage import frozen_trial, open_storage, owner, retried_from, retry_dead_workers_trials
+from project.sweeps.workers import Worker
+
+TYPES = ("float", "int", "categorical")
+TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
+
+
+def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(fixed, params)`` from a sweep YAML, checked key by key with errors that name the key."""
+    document = load_yaml(str(path), str(path), "a mapping with 'params' (and optionally 'fixed')")
+    for key in document:
+        if key not in ("fixed", "params"):
+            raise UsageError(f"{path}: unknown top-level key {key!r} (expected 'params' and 'fixed')")
+    fixed, params = document.get("fixed") or {}, document.get("params") or {}
+    if not isinstance(fixed, dict) or not isinstance(params, dict) or not params:
+        raise UsageError(f"{path}: 'params' must map flag names to search specs (and 'fixed' to values)")
+    known = set(RunConfig.settings()) | {"trainer"}
+    for section, keys in (("fixed", fixed), ("params", params)):
+        for key in keys:
+            if str(key).replace("-", "_") not in known:
+                raise UsageError(f"{path}: {section}.{key}: not a train.py flag")
+    for key, spec in params.items():
+        _check_spec(path, key, spec)
+    resolve_config([(fixed, f"{path}: fixed")])  # a bad fixed value is reported now, not at the first trial
+    return fixed, params
+
+
+def _check_spec(path: str | Path, key: str, spec: Any) -> None:
+    where = f"{path}: params.{key}"
+    if not isinstance(spec, dict) or spec.get("type") not in TYPES:
+        raise UsageError(f"{where}: needs 'type: float', 'type: int' or 'type: categorical'")
+    extra = set(spec) - {"type", "low", "high", "log", "step", "choices"}
+    if extra:
+        raise UsageError(f"{where}: unknown setting {sorted(extra)[0]!r}")
+    if spec["type"] == "categorical":
+        if not isinstance(spec.get("choices"), list) or not spec["choices"]:
+            raise UsageError(f"{where}: 'choices' must be a non-empty list")
+        return
+    low, high = spec.get("low"), spec.get("high")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        raise UsageError(f"{where}: 'low' and 'high' must be numbers")
+    if not low < high:
+        raise UsageError(f"{where}: 'low' ({low}) must be below 'high' ({high})")
+    if spec.get("log") and low <= 0:
+        raise UsageError(f"{where}: a log scale needs 'low' > 0")
+
+
+def suggest(trial: optuna.Trial, params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, spec in params.items():
+        if spec["type"] == "categorical":
+            values[key] = trial.suggest_categorical(key, spec["choices"])
+        elif spec["type"] == "int":
+            values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")),
+                                            step=int(spec.get("step", 1)))
+        else:
+            values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                              log=bool(spec.get("log")), step=spec.get("step"))
+    return values
+
+
+class PruneOnValAcc(Callback):
+    """Reports ``val/acc`` to Optuna each epoch; stops the run when the pruner says so."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+        self.pruned = False
+        self.epochs = 0
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+            return
+        self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.current_epoch)
+        if self.trial.should_prune():
+            self.pruned = True
+            self.epochs = trainer.current_epoch + 1
+            trainer.should_stop = True
+
+
+def prepare(args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.BaseStorage, Objective]:
+    """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run.
+
+    Everything a user can get wrong (the space, the data, the storage) is checked here, before
+    the study is opened, so no trial is ever recorded as failed for it.
+    """
+    fixed, params = load_space(args.space)
+    quiet()
+    folder = Path(args.logdir) / "sweeps" / args.study_name
+    base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
+            "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
+    objective = Objective(fixed, params, base, folder)
+    build_datamodule(objective.trial_config({})).prepare_data()
+    storage = open_storage(args.storage, args.heartbeat)
+    study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
+    return study, storage, objective
+
+
+def open_study(name: str, storage: optuna.storages.BaseStorage | str, pruner: str, sampler_seed: int | None,
+               sampler: str = "tpe", params: dict[str, dict[str, Any]] | None = None) -> optuna.Study:
+    """The named study in ``storage`` (a storage, or a journal path or URL), created on first use and resumed after."""
+    pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+               "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
+    samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=sampler_seed),
+                "random": lambda: optuna.samplers.RandomSampler(seed=sampler_seed),
+                "grid": lambda: optuna.samplers.GridSampler(grid(params or {}), seed=sampler_seed)}
+    chosen = samplers[sampler]()
+    storage = open_storage(storage) if isinstance(storage, str) else storage
+    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                               pruner=pruners[pruner](), sampler=chosen)
+
+
+def run_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective, n_trials: int) -> None:
+    """This worker's trials; first, and after each, trials left running by a dead worker are enqueued again."""
+    def recover(study: optuna.Study, _: object = None) -> None:
+        for number in retry_dead_workers_trials(study, storage):
+            print(f"trial {number}: its worker died; failed, and enqueued again", flush=True)
+
+    recover(study)
+    study.optimize(objective, n_trials=n_trials, callbacks=[recover])
+
+
+def grid(params: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every value each parameter takes in a grid search: its choices, or its range in steps."""
+    values: dict[str, list[Any]] = {}
+    for key, spec in params.items():
+        if spec["type"] == "categorical":
+            values[key] = list(spec["choices"])
+        elif spec.get("step") is None and spec["type"] == "float":
+            raise UsageError(f"--sampler grid: params.{key} needs 'choices' or a 'step' to be a grid")
+        else:
+            step, low, high = spec.get("step", 1), spec["low"], spec["high"]
+            count = int(round((high - low) / step)) + 1
+            values[key] = [low + i * step for i in range(count) if low + i * step <= high + 1e-12]
+    return values
+
+
+def grid_size(params: dict[str, dict[str, Any]]) -> int:
+    return math.prod(len(v) for v in grid(params).values())
+
+
+class Objective:
+    """One trial = one ``train()`` run in this process, on data loaded once for all trials."""
+
+    def __init__(self, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any], folder: Path) -> None:
+        self.fixed, self.params, self.base, self.folder = fixed, params, base, folder
+        self.datamodule: MNISTDataModule | None = None
+
+    def trial_config(self, values: dict[str, Any]) -> RunConfig:
+        """The sweep's fixed settings, then this command's (data, logdir, ...), then the trial's sampled ones."""
+        return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")])
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("worker", owner())
+        trial.set_user_attr("devices", Worker.current().describe())
+        retried = retried_from(frozen_trial(trial.study, trial.number))
+        config = self.trial_config(suggest(trial, self.params)).replace(run_version=f"trial_{trial.number:03d}")
+        started = time.perf_counter()
+        pruning = PruneOnValAcc(trial)
+        try:
+            if expected_world_size(config) > 1:
+                best_val = train_in_own_process(config)
+            else:
+                if self.datamodule is None:
+                    self.datamodule = build_datamodule(config)
+                best_val = train(config, datamodule=self.datamodule, callbacks=[pruning], test=False).best_val
+        except NonFiniteLossError as err:
+            trial.set_user_attr("diverged", str(err))
+            print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)
+            raise optuna.TrialPruned() from None
+        seconds = time.perf_counter() - started
+        state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
+        again = f" (repeats trial {retried})" if retried is not None else ""
+        print(f"trial {trial.number}{again}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
+        if pruning.pruned:
+            raise optuna.TrialPruned()
+        return best_val
+
+
+def train_in_own_process(config: RunConfig) -> float:
+    """A trial on several devices runs as its own ``train.py``, and its ``results.json`` reports back.
+
+    DDP starts its other ranks by running the current command again: that must be the trial's
+    training run, not the whole sweep. Such trials are not pruned (they report only at the end).
+    """
+    run = Path(config.logdir) / config.name / str(config.run_version)
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = Path(scratch) / "trial.yaml"
+        spec.write_text(yaml.safe_dump({**config.to_mapping(), "fast_dev_run": config.fast_dev_run}))
+        done = subprocess.run([sys.executable, str(TRAIN_SCRIPT), "--config", str(spec), "--run-version",
+                               str(config.run_version)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("train.py: error: ")
+        if "became non-finite" in last:
+            raise NonFiniteLossError(last)
+        raise UserError(f"trial {config.run_version} (train.py --config, {config.devices} devices) failed: {last}")
+    if config.fast_dev_run:  # writes no files
+        return math.nan
+    return float(json.loads((run / "results.json").read_text())["val/acc_best"])
+
+
+def quiet() -> None:
+    """One line per trial instead of Lightning's and Optuna's banners for each."""
+    quiet_lightning_info()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    for importance_plot_note in ("Target and region quantiles select the same set",
+                                 "The number of trials is too small to compute importances"):
+        warnings.filterwarnings("ignore", message=importance_plot_note)

@@ -1,0 +1,180 @@
+"""The three objects of a run, built from its ``RunConfig``: datamodule, LightningModule and Trainer."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import (
+    Callback,
+    DeviceStatsMonitor,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    TQDMProgressBar,
+)
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from project.training.callbacks import (
+    EpochLines,
+    EpochStats,
+    FiniteLossGuard,
+    GpuMemoryFraction,
+    QuietWarnings,
+    ScheduleResumeCheck,
+)
+from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
+from project.config.schema import LOGGERS, RunConfig
+from project.recipe.data import MNISTDataModule
+from project.reliability.ddp_faults import OneFailureEndsTheJob
+from project.errors import UsageError
+from project.recipe.module import LitMNIST
+from project.reliability.slurm import slurm_plugins
+from project.training.steps_per_call import SharedStepCount, StepProgressBar
+from project.results.tensorboard_figures import TensorBoardFigures
+
+
+def build_datamodule(config: RunConfig) -> MNISTDataModule:
+    return MNISTDataModule(
+        data_dir=config.data_dir, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+        num_workers=config.num_workers, pin_memory=config.pin_memory, val_size=config.val_size, seed=config.seed,
+        loader=config.loader,
+    )
+
+
+def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
+    model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
+                     weight_decay=config.weight_decay, scheduler=config.scheduler,
+                     warmup_steps=config.warmup_steps, steps_per_call=steps_per_call,
+                     cuda_graphs=config.cuda_graphs)
+    if config.compile:
+        model.model.compile(mode=None if config.compile == "default" else config.compile)
+    return model
+
+
+def build_loggers(config: RunConfig) -> list[Logger]:
+    """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
+    names = [n.strip() for n in config.logger.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown or not names:
+        raise UsageError(f"--logger {config.logger}: choose from {', '.join(LOGGERS)} (comma-separated)")
+    for name in ("wandb", "mlflow"):
+        if name in names and importlib.util.find_spec(name) is None:
+            raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
+    loggers: list[Logger] = []
+    version = config.run_version
+    for name in names:
+        if name == "tensorboard":
+            logger: Logger = TensorBoardLogger(config.logdir, name=config.name, version=version,
+                                               default_hp_metric=False)
+        elif name == "csv":
+            logger = AppendingCSVLogger(config.logdir, name=config.name, version=version)
+        elif name == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            logger = WandbLogger(project=config.name, save_dir=config.logdir)
+        else:
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            logger = MLFlowLogger(experiment_name=config.name, save_dir=str(Path(config.logdir) / "mlruns"))
+        if version is None and name in ("tensorboard", "csv"):
+            version = logger.version  # the next loggers join this run's folder
+        loggers.append(logger)
+    return loggers
+
+
+class AppendingCSVLogger(CSVLogger):
+    """Lightning's CSV logger, continuing a resumed run's ``metrics.csv`` under its header (Lightning's own
+    writer starts with no columns, and rewrites the file with the resumed run's alone)."""
+
+    @property
+    def experiment(self) -> Any:
+        fresh = self._experiment is None
+        writer = super().experiment
+        path = Path(getattr(writer, "metrics_file_path", ""))
+        if fresh and path.is_file():
+            with open(path, newline="") as stream:
+                writer.metrics_keys = next(csv.reader(stream), [])
+        return writer
+
+
+def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> list[Callback]:
+    """The template's callbacks; each is cheap next to the MLP's step.
+
+    ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
+    progress bar then counts optimizer steps, and the step loop logs the LR itself.
+    """
+    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), FiniteLossGuard(),
+                                 ScheduleResumeCheck(), SharedStepCount()]
+    if config.gpu_memory_fraction is not None:
+        callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
+    if animated_progress(config):
+        callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else TQDMProgressBar(refresh_rate=25))
+    elif "enable_progress_bar" not in config.trainer:
+        callbacks.append(EpochLines())
+    if config.fast_dev_run:
+        return callbacks
+    if config.trainer.get("enable_checkpointing", True):
+        callbacks += [
+            ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=config.save_top_k,
+                            filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False),
+            # Not save_last=True: Lightning writes that only when the best improves, and a
+            # resume needs the newest state whether or not it was the best.
+            LastCheckpoint(every_n_train_steps=config.checkpoint_every_n_steps),
+        ]
+    if config.early_stopping is not None:
+        callbacks.append(EarlyStopping(monitor="val/acc", mode="max", patience=config.early_stopping))
+    if not steps_per_epoch:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    callbacks += [EpochStats(), TensorBoardFigures()]
+    if config.device_stats:
+        callbacks.append(DeviceStatsMonitor(cpu_stats=True))
+    return callbacks
+
+
+def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
+                  steps_per_epoch: int | None = None) -> L.Trainer:
+    """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks.
+
+    ``config.trainer`` (``--trainer.KEY VALUE``) is applied last, so any Trainer argument can be set.
+    """
+    settings: dict[str, Any] = dict(
+        accelerator=config.accelerator,
+        devices=config.devices,
+        num_nodes=config.num_nodes,
+        strategy=config.strategy,
+        precision=config.precision,
+        max_epochs=config.max_epochs,
+        deterministic=config.deterministic,
+        detect_anomaly=config.detect_anomaly,
+        fast_dev_run=config.fast_dev_run,
+        logger=False if config.fast_dev_run else build_loggers(config),
+        callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
+        log_every_n_steps=config.log_every_n_steps,
+        enable_model_summary=False,
+        enable_progress_bar=animated_progress(config),
+        default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+    )
+    return L.Trainer(**{**settings, **config.trainer})
+
+
+def animated_progress(config: RunConfig) -> bool:
+    """The animated bar where someone watches stderr; piped or redirected, one line per epoch instead."""
+    return bool(config.trainer.get("enable_progress_bar", sys.stderr.isatty()))
+
+
+def global_batch(trainer: L.Trainer, batch_size: int) -> int:
+    """Samples per optimizer step across every device of every node."""
+    return batch_size * trainer.num_devices * trainer.num_nodes
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The run's folder: where checkpoints, model.pth, config.yaml and results.json go."""
+    local = next((lg for lg in trainer.loggers if isinstance(lg, (TensorBoardLogger, CSVLogger))), None)
+    return Path(local.log_dir) if local else Path(trainer.default_root_dir)

@@ -1,0 +1,192 @@
+"""Small callbacks the template adds to Lightning's own."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from project.training.console import quiet_known_warnings
+from project.hardware.devices import peak_memory_mb
+from project.errors import NonFiniteLossError
+from project.training.plan import check_schedule_length
+
+NEVER = torch.iinfo(torch.int64).max
+
+
+class EpochStats(Callback):
+    """Logs ``perf/epoch_time_s``, ``perf/samples_per_s`` and ``perf/peak_memory_mb`` per epoch.
+
+    The time covers the training batches only: validation, which Lightning runs before
+    ``on_train_epoch_end``, is left out so that samples/s measures training.
+    """
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._samples = 0
+        self.epoch_times: list[float] = []
+        self.last: dict[str, float] = {}
+
+    def _now(self, trainer: L.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        return time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = self._now(trainer)
+        self._samples = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._samples += len(batch[1])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop(trainer)
+        if self.last:
+            # Across DDP ranks: the slowest epoch, the highest peak.
+            pl_module.log_dict(self.last, reduce_fx="max", sync_dist=True)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        if self._start is None:
+            return
+        elapsed = self._now(trainer) - self._start
+        self._start = None
+        self.epoch_times.append(elapsed)
+        self.last = {
+            "perf/epoch_time_s": elapsed,
+            "perf/samples_per_s": self._samples * trainer.world_size / elapsed,
+            "perf/peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+        }
+
+
+class EpochLines(Callback):
+    """One plain line per epoch on stderr, in place of the animated bar when nobody watches it."""
+
+    KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        seconds = time.perf_counter() - self._start
+        metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key in self.KEYS}
+        train_acc = getattr(pl_module, "train_acc", None)
+        if train_acc is not None and train_acc.update_count:
+            # The module logs it after this hook; compute() is cached, so it is not computed twice.
+            metrics["train/acc"] = float(train_acc.compute())
+        if trainer.is_global_zero:
+            values = "".join(f"  {key} {metrics[key]:.4f}" for key in self.KEYS if key in metrics)
+            print(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}{values}  "
+                  f"{seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+class QuietWarnings(Callback):
+    """The template's warning filters in every process: ``ddp_spawn`` workers start fresh interpreters."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        quiet_known_warnings()
+
+
+class GpuMemoryFraction(Callback):
+    """Caps this process's CUDA caching allocator; under DDP each rank caps its own device."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(self.fraction, device)
+
+
+class FiniteLossGuard(Callback):
+    """Stops at the first non-finite training loss, and never lets a checkpoint store broken weights.
+
+    On CPU the loss is checked every step, where it is free. On an accelerator the flag stays
+    on the device (no per-step sync) and is read at logging steps, at the end of each epoch and
+    before every checkpoint; the weights themselves are checked before every save too.
+    """
+
+    def __init__(self, deferred: bool = False) -> None:
+        self.deferred = deferred  # True: the accelerator's way even on CPU (for tests of that path)
+        self._first_bad: torch.Tensor | None = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        # One loss per optimizer step of this Lightning step (several with --steps-per-call).
+        losses = loss.detach().reshape(-1)
+        first_step = trainer.global_step - len(losses) + 1
+        if losses.device.type == "cpu" and not self.deferred:
+            finite = torch.isfinite(losses)
+            if not bool(finite.all()):
+                self._raise(trainer, first_step + int((~finite).nonzero()[0]))
+            return
+        steps = torch.arange(first_step, trainer.global_step + 1, device=losses.device)
+        bad_step = torch.where(torch.isfinite(losses), NEVER, steps).min()
+        self._first_bad = bad_step if self._first_bad is None else torch.minimum(self._first_bad, bad_step)
+        step = trainer.global_step
+        if step % trainer.log_every_n_steps == 0:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._check(trainer)
+        broken = [name for name, value in checkpoint.get("state_dict", {}).items()
+                  if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+        if broken:
+            raise NonFiniteLossError(
+                f"weights became non-finite ({broken[0]}) by epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; stopped before saving them (lower --lr, or try --precision 32); "
+                "the last good checkpoint is kept"
+            )
+
+    def _check(self, trainer: L.Trainer) -> None:
+        if self._first_bad is not None:
+            first = int(self._first_bad)
+            if first != NEVER:
+                self._raise(trainer, first)
+
+    def _raise(self, trainer: L.Trainer, step: int) -> None:
+        raise NonFiniteLossError(
+            f"training loss became non-finite at epoch {trainer.current_epoch}, step {step}; "
+            "stopped before saving it (lower --lr, or try --precision 32); "
+            "the last good checkpoint is kept"
+        )
+
+
+class ScheduleResumeCheck(Callback):
+    """The last word on a restored schedule's length (``project.reliability.resume`` checks it before the run
+    starts where it can predict the steps; this covers what it cannot, e.g. ``max_time``)."""
+
+    def __init__(self) -> None:
+        self._restored = False
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._restored = bool(checkpoint.get("lr_schedulers"))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._restored:
+            return
+        self._restored = False
+        for config in trainer.lr_scheduler_configs:
+            total = getattr(config.scheduler, "total_steps", None)
+            if total is not None:
+                check_schedule_length(total, pl_module.optimizer_steps())

@@ -1,0 +1,282 @@
+"""One training run: ``train(config)`` checks, builds, tunes, fits, tests, exports and records it."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
+from project.training.callbacks import EpochStats
+from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
+from project.config.schema import RunConfig
+from project.training.console import quiet_known_warnings
+from project.hardware.cuda_graphs import check_cuda_graphs
+from project.recipe.data import MNISTDataModule
+from project.hardware.devices import (
+    expected_world_size,
+    peak_memory_mb,
+    release_cuda_cache,
+    resolve_accelerator,
+    resolve_hardware,
+)
+from project.errors import Terminated, UsageError, UserError
+from project.results.export import save_program, save_weights
+from project.training.plan import train_batches
+from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
+from project.reliability.run_files import (
+    check_outputs_writable,
+    claim_run_folder,
+    log_hparams_with_results,
+    log_run_text,
+    save_config,
+    write_results,
+)
+from project.training.steps_per_call import plan_steps
+from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
+from project.results.tensorboard_figures import TensorBoardFigures
+from project.training.tuning import tune
+
+
+@dataclass
+class RunResult:
+    """What a run produced; ``summary()`` is what ``train.py`` prints."""
+
+    config: RunConfig  # as trained: precision resolved, the tuner's batch size and LR filled in
+    is_global_zero: bool
+    world_size: int
+    devices: int  # per node
+    global_batch: int
+    test_metrics: dict[str, float]
+    best_val: float
+    peak_memory_mb: float
+    device: str
+    epoch_times: list[float] = field(default_factory=list)
+    steps_per_call: int = 1
+    steps_reason: str = ""
+    optimizer_steps: int = 0
+    best_checkpoint: str | None = None
+    last_checkpoint: str | None = None
+    run_dir: Path | None = None
+    weights: Path | None = None
+    program: Path | None = None
+    config_file: Path | None = None
+
+    def record(self) -> dict[str, object]:
+        """``results.json``: the run's numbers at full precision (``weights`` is set once it is written)."""
+        config = self.config
+        return {**self.test_metrics, "val/acc_best": self.best_val, "best_checkpoint": self.best_checkpoint,
+                "last_checkpoint": self.last_checkpoint, "weights": str(self.weights) if self.weights else None,
+                "global_batch": self.global_batch, "world_size": self.world_size, "precision": config.precision,
+                "lr": config.lr}
+
+    def summary(self, with_test_metrics: bool = True) -> str:
+        config = self.config
+        memory = f"max allocated on {self.device}" if self.device.startswith("cuda") else "peak resident set"
+        lines = [test_line(self.test_metrics)] if with_test_metrics else []
+        lines += [
+            f"global batch {self.global_batch} = {config.batch_size} per device x "
+            f"{self.devices} device(s) x {config.num_nodes} node(s); "
+            f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
+            f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
+            f"steps per call {self.steps_per_call} ({self.steps_reason})",
+        ]
+        if self.program:
+            lines.append(f"portable program {self.program}  (torch.export.load(path).module(); ToTensor() pixels in)")
+        if self.run_dir:
+            lines += [
+                f"best checkpoint  {self.best_checkpoint}  (val/acc {self.best_val:.4f})",
+                f"last checkpoint  {self.last_checkpoint}",
+                f"weights          {self.weights}  (loads into the article's nn.Sequential)",
+                f"config           {self.config_file}  (--config reproduces this run)",
+                f"results          {self.run_dir / 'results.json'}",
+                f"TensorBoard      tensorboard --logdir {self.run_dir}",
+            ]
+        return "\n".join(lines)
+
+
+def test_line(metrics: dict[str, float]) -> str:
+    return f"test/acc {metrics.get('test/acc', math.nan):.4f}   test/loss {metrics.get('test/loss', math.nan):.4f}"
+
+
+def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callbacks: Sequence[Callback] = (),
+          test: bool = True, figures_in_background: bool = False,
+          on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+    """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
+
+    ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
+    the template's, ``test=False`` stops after fitting, ``on_tested`` receives the test metrics
+    (on rank 0) as soon as they exist, before anything that could still fail.
+    ``figures_in_background`` returns while the test figures are still being drawn (a second
+    or two of matplotlib); the interpreter waits for them before it exits.
+    """
+    quiet_known_warnings()
+    config = resolve_hardware(config)
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    if datamodule is None:
+        datamodule = build_datamodule(config)
+    datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
+    datamodule.prepare_data()  # a missing dataset is reported before any process starts
+    train_size, world_size = datamodule.train_size(), expected_world_size(config)
+    train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
+    resume = checkpoint_to_resume(config, train_size, world_size)
+    config = continue_in_its_folder(config, resume)
+    check_outputs_writable(config)
+    steps_per_call, steps_reason = plan_steps(config, datamodule)
+    if resume and resume.chose_steps_per_call(steps_per_call):
+        steps_reason = "auto: as the run it resumes chose"
+    check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
+    model = build_model(config, steps_per_call)
+    load_initial_weights(model, config)
+    config = claim_run_folder(config)  # after every refusal: a refused run writes nothing
+    with stop_signals() as signals:
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
+        trainer = build_trainer(config, [*callbacks, record, stopper],
+                                steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
+        config = record.config = tune(trainer, model, datamodule, config)
+        log_run_text(trainer, config)
+        config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
+        with reported_failures():
+            best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
+            metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
+        stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
+        device = trainer.strategy.root_device
+        result = RunResult(
+            config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
+            devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
+            test_metrics=dict(metrics), best_val=best_val,
+            peak_memory_mb=peak_memory_mb(device), device=str(device),
+            epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
+            config_file=config_file, steps_per_call=steps_per_call, steps_reason=steps_reason,
+            optimizer_steps=trainer.global_step,
+        )
+        if trainer.is_global_zero and not config.fast_dev_run:
+            finish(trainer, model, result, signals, on_tested if test else None)
+    figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
+    if figures is not None and figures.drawing is not None and not figures_in_background:
+        figures.drawing.join()
+    return result
+
+
+def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,
+           on_tested: Callable[[dict[str, float]], None] | None) -> None:
+    """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
+    result.run_dir = run_dir(trainer)
+    write_results(result.run_dir / "results.json", result.record())
+    if on_tested is not None:
+        on_tested(result.test_metrics)
+    signals.check("after the test (its metrics are above); model.pth is not written yet: continue with --resume last")
+    with reported_failures("the test metrics are above and in results.json"):
+        write_outputs(trainer, model, result)
+    if signals.received is not None:
+        print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the run is "
+              "finished", file=sys.stderr, flush=True)
+
+
+def fit(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule, resume: Resume | None,
+        stopper: StopAtSafePoints) -> tuple[str | None, str | None, float]:
+    """``trainer.fit``, stopped by a signal only where it can resume exactly; best and last checkpoints."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume.path) if resume else None)
+    except SIGTERMException:
+        raise stopper.signals.terminated(stopper.where(resume is not None)) from None
+    stopper.signals.check(stopper.where(resume is not None))
+    release_cuda_cache()
+    # Read before test(): restoring the best checkpoint also restores the callbacks' old state.
+    return checkpoint_paths(trainer)
+
+
+def run_test(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule, best: str | None,
+             signals: StopSignals) -> dict[str, float]:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    except SIGTERMException:
+        raise signals.terminated("during the test; training is complete: continue with --resume last (it tests "
+                                 "and exports)") from None
+    release_cuda_cache()
+    return metrics
+
+
+def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
+    """Best and last checkpoint paths (None where nothing was saved), and the best ``val/acc``: the best
+    checkpoint's score, else the logged ``val/acc_best`` (no checkpoints under fast_dev_run), else NaN."""
+    last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+    best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
+    last_path = last.best_model_path if last else None
+    if last and not last_path and (run_dir(trainer) / "checkpoints" / "last.ckpt").is_file():
+        last_path = str(run_dir(trainer) / "checkpoints" / "last.ckpt")  # ddp_spawn keeps it in the workers
+    best_path = best.best_model_path if best and best.best_model_path else None
+    score = best.best_model_score if best_path else None
+    if best_path and score is None:  # ddp_spawn: the workers hand back the best path but not its score
+        state = read_checkpoint(best_path).get("callbacks", {})
+        score = next((s["best_model_score"] for s in state.values()
+                      if isinstance(s, dict) and s.get("best_model_path") == best_path), None)
+    if score is None:
+        score = trainer.callback_metrics.get("val/acc_best", math.nan)
+    return best_path, last_path, float(score)
+
+
+def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:
+    """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
+    config = result.config
+    result.run_dir = run_dir(trainer)
+    result.weights = save_weights(model.model, config.export or result.run_dir / "model.pth")
+    if config.export_pt2:
+        result.program = save_program(model.model, config.export_pt2)
+    hparams = {**model.hparams, "batch_size": config.batch_size, "global_batch": result.global_batch,
+               "max_epochs": config.max_epochs, "precision": config.precision, "seed": config.seed,
+               "loader": config.loader, "world_size": result.world_size}
+    test_acc = result.test_metrics.get("test/acc")
+    log_hparams_with_results(trainer, hparams, {"hp/val_acc_best": result.best_val,
+                                                **({"hp/test_acc": test_acc} if test_acc is not None else {})})
+    write_results(result.run_dir / "results.json", result.record())
+
+
+@contextmanager
+def reported_failures(kept: str = "the newest complete checkpoint is kept") -> Iterator[None]:
+    """Turn the failures a user causes or expects into one-line errors with a non-zero exit (``kept``: what
+    survives a failed write, for its message).
+
+    Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except MisconfigurationException as err:  # Lightning's word on a setting (often a --trainer. one)
+        raise UsageError(str(err).splitlines()[0]) from None
+    except SIGTERMException:
+        raise Terminated("stopped by SIGTERM") from None
+    except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
+        where = f" {err.filename}" if err.filename else " the run's files"
+        raise UserError(f"cannot write{where} ({err.strerror or err}); {kept}: free space and continue with "
+                        "--resume last") from None
+    except torch.OutOfMemoryError as err:
+        first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
+        raise UserError(
+            f"{first}; lower --batch-size, try --precision 16-mixed, or raise --gpu-memory-fraction"
+        ) from None
+    except RuntimeError as err:
+        if not _peer_failed(err):
+            raise
+        raise UserError("another process of this DDP job failed (its error is above), so this one stopped too; "
+                        "the newest checkpoint is kept") from None
+
+
+def _peer_failed(err: RuntimeError) -> bool:
+    """A collective broke because another rank's process ended (gloo and NCCL say it differently)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or "remote worker crashing" in text or \
+        "Connection closed by peer" in text or "Connection reset by peer" in text

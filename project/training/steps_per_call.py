@@ -1,0 +1,235 @@
+"""Several optimizer steps per Lightning step: the same training, without Lightning's per-step cost each time.
+
+Lightning spends a fixed few hundred microseconds per training step (hooks, progress tracking,
+the optimizer closure); for a small model that is as long as the step's math. Here one Lightning
+step receives a *group* of consecutive batches of the epoch's order and runs one plain per-batch
+function and one optimizer step for each: the same batches in the same order, the same LR at
+every step, the same weights. Groups end wherever something counted in steps must happen (a
+logging step, a checkpoint step, the end of the epoch), so all of those stay exact.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+
+from project.config.schema import RunConfig
+from project.errors import UsageError
+
+AUTO_MAX = 64
+# Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
+# scripts/benchmark.py, per step, on the 2-core CPU (1.1 ms at batch 64, 1.2 ms at 256); auto
+# chooses K so that it is at most ~5 % of K steps' math.
+LIGHTNING_STEP_OVERHEAD_S = 1e-3
+# Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
+COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+                          "limit_train_batches", "max_steps", "min_steps", "overfit_batches", "val_check_interval",
+                          "reload_dataloaders_every_n_epochs", "use_distributed_sampler")
+
+
+def why_one_step(config: RunConfig, world_size: int) -> str | None:
+    """Why this run must take one optimizer step per Lightning step (None if it need not)."""
+    if world_size > 1:
+        return "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"
+    if config.fast_dev_run:
+        return "--fast-dev-run runs one batch per stage"
+    if config.wants_tuner:
+        return "the tuners drive Lightning's own loop"
+    if config.loader != "memory":
+        return "the torchvision loader hands out one batch at a time"
+    passed = [key for key in COUNTS_LIGHTNING_STEPS if key in config.trainer]
+    if passed:
+        return f"--trainer.{passed[0]} counts Lightning steps"
+    return None
+
+
+def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device) -> tuple[int, str]:
+    """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time."""
+    reason = why_one_step(config, world_size)
+    if config.steps_per_call != "auto":
+        if reason and config.steps_per_call > 1:
+            raise UsageError(f"--steps-per-call {config.steps_per_call}: not possible here ({reason}); "
+                             "use --steps-per-call 1 or auto")
+        return int(config.steps_per_call), "as asked"
+    if reason:
+        return 1, f"auto: {reason}"
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
+        step = measure_step_seconds(config, device)
+    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step))))
+    return k, f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's per-step cost about " \
+              f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
+
+
+def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
+    """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``."""
+    from project.hardware.devices import expected_world_size, resolve_accelerator
+
+    world_size = expected_world_size(config)
+    shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
+    k, reason = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
+                                      torch.device(resolve_accelerator(config.accelerator)))
+    if k > 1:
+        datamodule.setup("fit")
+    # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
+    datamodule.steps_per_call = k
+    datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
+    return k, reason
+
+
+def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int = 5) -> float:
+    """Time of one forward, backward and SGD step of the run's MLP at its batch size, on its device.
+
+    The fastest of a few, so that a busy machine's pauses do not count as the step's math.
+    """
+    from project.recipe.model import MLP
+
+    model = MLP(config.hidden).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    images = torch.randn(config.batch_size, 1, 28, 28, device=device)
+    targets = torch.randint(0, 10, (config.batch_size,), device=device)
+
+    def step() -> None:
+        loss = torch.nn.functional.nll_loss(model(images), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def timed() -> float:
+        started = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    timed()  # warm-up: allocations, kernel selection
+    return min(timed() for _ in range(repeats))
+
+
+def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
+              batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
+              graphed: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor] | None = None) -> torch.Tensor:
+    """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
+
+    Each step calls the optimizer itself and counts itself in ``global_step``: Lightning's
+    per-step backward and optimizer hooks would cost more than an MLP's step. With a loss
+    scaler (16-mixed) steps go through ``manual_backward`` and Lightning's optimizer wrapper,
+    which scale and unscale each one. The step loss and LR are logged for the last step, which
+    is where groups end when a logging step is due, at the step Lightning uses. ``graphed``
+    (``--cuda-graphs``) replays a captured step for every full-size batch.
+    """
+    trainer = module.trainer
+    optimizer = module.optimizers()
+    scheduler = module.lr_schedulers()
+    scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+    images, targets = group
+    losses = []
+    batches = list(zip(images.split(batch_size), targets.split(batch_size), strict=True))
+    for index, batch in enumerate(batches):
+        if index == len(batches) - 1:  # the LR this step uses (a copy: a tensor LR changes in place)
+            lr = optimizer.param_groups[0]["lr"]
+            lr = lr.clone() if torch.is_tensor(lr) else lr
+        if graphed is not None and len(batch[1]) == batch_size:
+            loss = graphed(batch)
+        elif scaled:
+            loss = batch_loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            module.manual_backward(loss)
+            optimizer.step()
+        else:
+            loss = batch_loss(batch)
+            optimizer.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.optimizer.step()
+            count_optimizer_step(trainer)
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.detach())
+    if trainer.global_step % trainer.log_every_n_steps == 0:
+        module.log("train/loss", losses[-1], prog_bar=True)
+        module.log(f"lr-{type(optimizer.optimizer).__name__}", lr)
+    # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
+    trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
+    return torch.stack(losses)
+
+
+def count_optimizer_step(trainer: L.Trainer) -> None:
+    """What Lightning's optimizer wrapper records for a step, for one taken without it."""
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    progress.increment_ready()
+    progress.increment_completed()
+
+
+class SharedStepCount(Callback):
+    """Lets a checkpoint resume at its step whichever K wrote it and whichever K resumes it.
+
+    Lightning counts optimizer steps in one place under automatic optimisation (K = 1) and in
+    another under manual optimisation (K > 1); both are set to the count the checkpoint has.
+    """
+
+    AUTOMATIC = "epoch_loop.automatic_optimization.optim_progress"
+    MANUAL = "epoch_loop.manual_optimization.optim_step_progress"
+
+    BATCHES = "epoch_loop.batch_progress"
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        loops = checkpoint.get("loops", {}).get("fit_loop", {})
+        if self.AUTOMATIC not in loops or self.MANUAL not in loops:
+            return
+        automatic, manual = loops[self.AUTOMATIC]["optimizer"]["step"], loops[self.MANUAL]
+        counted = max(automatic, manual, key=lambda progress: progress["total"]["completed"])
+        loops[self.AUTOMATIC]["optimizer"]["step"] = copy.deepcopy(counted)
+        loops[self.MANUAL] = copy.deepcopy(counted)
+        self._count_batches_as_steps(loops, checkpoint, getattr(pl_module, "steps_per_call", 1), trainer)
+
+    def _count_batches_as_steps(self, loops: dict[str, Any], checkpoint: dict[str, Any], k: int,
+                                trainer: L.Trainer) -> None:
+        """Resuming with K = 1 what K > 1 wrote: Lightning's count of this epoch's batches was in groups.
+
+        With K = 1 the loader has a length, and Lightning ends the epoch by that count (without its
+        validation, if the count falls short): it must count the optimizer steps already taken.
+        """
+        saved_k = checkpoint.get("run_record", {}).get("steps_per_call", 1)
+        position = next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)
+        datamodule = getattr(trainer, "datamodule", None)
+        if k != 1 or saved_k == 1 or position is None or self.BATCHES not in loops or datamodule is None:
+            return
+        steps_done = -(-int(position["samples_done"]) // datamodule.batch_size)
+        progress = loops[self.BATCHES]
+        shift = steps_done - progress["current"]["ready"]
+        for counts in (progress["current"], progress["total"]):
+            for key in counts:
+                counts[key] += shift
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, counting optimizer steps rather than Lightning steps."""
+
+    def __init__(self, steps_per_epoch: int, refresh_rate: int = 25) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch_start = 0
+
+    @property
+    def total_train_batches(self) -> int:
+        return self.steps_per_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self._epoch_start = trainer.global_step - trainer.global_step % self.steps_per_epoch
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        done = trainer.global_step - self._epoch_start
+        bar = self.train_progress_bar
+        if done == self.steps_per_epoch or done // self.refresh_rate > bar.n // self.refresh_rate:
+            bar.n = done
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+            bar.refresh()
