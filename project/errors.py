@@ -35,8 +35,8 @@ class NothingToDo(UserError):
     exit_code = 0
 
 
-class MNISTDataError(UserError):
-    """The MNIST files are missing or unreadable."""
+class DataError(UserError):
+    """The data files are missing, unreadable or do not fit the recipe."""
 
 
 class CheckpointError(UserError):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Epoch time of several ways to train the article's MLP, measured side by side in one process.
+"""Epoch time of several ways to train the recipe, measured side by side in one process.
 
 Rows: the article's loop (fixed only to run), a lean hand-written tensor loop, bare Lightning
 (Lightning's own per-step floor), the template with 1 and with auto steps per call, and the

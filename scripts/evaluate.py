@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure a trained model on the MNIST test set: loss, accuracy, per-class accuracy, confusion matrix."""
+"""Measure a trained model on the recipe's test set: loss, accuracy, per-class accuracy, confusion matrix."""
 
 from __future__ import annotations
 

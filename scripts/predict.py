@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Classify image files of handwritten digits (PNG, JPEG, ...; any size, either polarity).
+"""Classify image files (PNG, JPEG, ...; any size), each read as the recipe reads images.
 
-Prints PATH<TAB>DIGIT<TAB>PROBABILITY per image; a file that cannot be used gets one line on
+Prints PATH<TAB>CLASS<TAB>PROBABILITY per image; a file that cannot be used gets one line on
 stderr and the others are still classified (exit code 1 if any failed).
 """
 

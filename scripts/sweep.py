@@ -19,9 +19,9 @@ from project.errors import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project.sweeps import study as sweep
     from project.sweeps import report as sweep_report
     from project.sweeps import storage as sweep_storage
+    from project.sweeps import study as sweep
     from project.sweeps import workers as sweep_workers
 
     study, storage, objective = sweep.prepare(args)

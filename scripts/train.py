@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train the MNIST MLP, test its best checkpoint, export ``model.pth`` and print a summary."""
+"""Train the recipe's model, test its best checkpoint, export ``model.pth`` and print a summary."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from project.recipe.data import MNISTDataModule
 from project.training.console import quiet_known_warnings  # noqa: E402
-from project.recipe.data import MNISTDataModule, TensorMNIST  # noqa: E402
+from project.training.tensor_data import TensorPairs  # noqa: E402
 
 N = 96
 
@@ -24,7 +25,7 @@ class NumberedData(MNISTDataModule):
         pass
 
     def setup(self, stage=None):
-        self.train_set = TensorMNIST(torch.arange(N, dtype=torch.float32).reshape(N, 1), torch.arange(N))
+        self.train_set = TensorPairs(torch.arange(N, dtype=torch.float32).reshape(N, 1), torch.arange(N))
 
 
 class Recorder(L.LightningModule):

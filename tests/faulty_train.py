@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import fill_file_system  # noqa: E402
-from project import run  # noqa: E402
 from project.config.cli import parse_run_config  # noqa: E402
+from project.contract import recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
+from project.training import run  # noqa: E402
 
 
 class FailAt(L.Callback):
@@ -92,13 +93,14 @@ def main() -> int:
         stop = FillDiskAt(*os.environ["FILL_DISK"].split(":", 1))
     if stop is not None:
         callbacks.append(stop)
-        save_weights = run.save_weights
+        module_class = recipe().module_class()
+        export_weights = module_class.export_weights
 
-        def interrupted_save(*args, **kwargs):
+        def interrupted_export(*args, **kwargs):
             stop.send("export")
-            return save_weights(*args, **kwargs)
+            return export_weights(*args, **kwargs)
 
-        run.save_weights = interrupted_save
+        module_class.export_weights = interrupted_export
     train_script = _load_train_script()
     plain_train = run.train
     run.train = lambda config, **kwargs: plain_train(config, **kwargs, callbacks=callbacks)

@@ -68,12 +68,12 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
 
     text = render(evaluate_test_set(load_classifier(weights=trained["results"]["weights"]), str(trained["data"])))
     assert f"test/acc  {trained['results']['test/acc']:.4f}" in text
-    assert "confusion matrix (rows: true digit, columns: predicted)" in text
+    assert "confusion matrix (rows: true class, columns: predicted)" in text
 
 
 def test_evaluate_names_what_is_missing(trained, tmp_path):
-    from project.reliability.checkpointing import find_checkpoint
     from project.errors import CheckpointError, UsageError
+    from project.reliability.checkpointing import find_checkpoint
     from project.results.evaluation import load_classifier
 
     with pytest.raises(CheckpointError, match="nope.pth: no such file"):

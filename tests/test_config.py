@@ -10,8 +10,8 @@ import yaml
 from helpers import ROOT, one_line_error, run_script
 from project.config.cli import build_parser, parse_run_config
 from project.config.schema import RunConfig, resolve_config
-from project.errors import UsageError
 from project.config.trainer_args import check_trainer_args
+from project.errors import UsageError
 
 
 def refused(capsys, argv) -> str:

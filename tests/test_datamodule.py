@@ -4,11 +4,11 @@ import pytest
 import torch
 from torchvision import datasets, transforms
 
-from project import MNIST_MEAN, MNIST_STD
-from project.recipe.data import MNISTDataModule, TensorMNIST
-from project.errors import MNISTDataError
-from project.recipe.mnist_files import RAW_FILES
+from project.errors import DataError
+from project.recipe.data import MNISTDataModule
+from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD, RAW_FILES
 from project.training.samplers import EpochShuffleSampler
+from project.training.tensor_data import TensorPairs
 
 
 def make_dm(data_dir, **kwargs):
@@ -37,10 +37,10 @@ def test_normalisation_matches_to_tensor_and_normalize(tiny_mnist):
         [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]))
     for i in (0, 17, 79):
         x, y = reference[i]
-        assert torch.equal(dm.test_set.images[i], x)
+        assert torch.equal(dm.test_set.inputs[i], x)
         assert int(dm.test_set.targets[i]) == y
     lowest = (0 - MNIST_MEAN) / MNIST_STD
-    assert dm.test_set.images.min().item() == pytest.approx(lowest, abs=1e-6)
+    assert dm.test_set.inputs.min().item() == pytest.approx(lowest, abs=1e-6)
 
 
 def test_in_memory_batches_equal_torchvision_samples_for_the_same_indices(tiny_mnist):
@@ -59,8 +59,8 @@ def test_in_memory_batches_equal_torchvision_samples_for_the_same_indices(tiny_m
 def test_seeded_split_is_reproducible_and_seed_dependent(tiny_mnist):
     a, b, c = make_dm(tiny_mnist, seed=1), make_dm(tiny_mnist, seed=1), make_dm(tiny_mnist, seed=2)
     assert torch.equal(a.val_set.targets, b.val_set.targets)
-    assert torch.equal(a.val_set.images, b.val_set.images)
-    assert not torch.equal(a.val_set.images, c.val_set.images)
+    assert torch.equal(a.val_set.inputs, b.val_set.inputs)
+    assert not torch.equal(a.val_set.inputs, c.val_set.inputs)
 
 
 def test_epoch_order_differs_per_epoch_and_is_reproducible_from_the_seed():
@@ -83,7 +83,7 @@ def test_epoch_order_differs_per_epoch_and_is_reproducible_from_the_seed():
 def test_batches_are_one_gather(tiny_mnist):
     dm = make_dm(tiny_mnist)
     loader = dm.train_dataloader()
-    assert isinstance(loader.dataset, TensorMNIST)
+    assert isinstance(loader.dataset, TensorPairs)
     seen = torch.cat([y for _, y in loader])
     assert len(seen) == 200
     assert torch.equal(seen.sort().values, dm.train_set.targets.sort().values)
@@ -91,7 +91,7 @@ def test_batches_are_one_gather(tiny_mnist):
 
 def test_missing_data_gives_one_clear_message(tmp_path):
     dm = MNISTDataModule(tmp_path / "nowhere", download=False)
-    with pytest.raises(MNISTDataError) as err:
+    with pytest.raises(DataError) as err:
         dm.prepare_data()
     message = str(err.value)
     assert str(tmp_path / "nowhere" / "MNIST" / "raw") in message

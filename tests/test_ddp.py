@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from helpers import TINY, TRAIN, free_port, run_script
-from project.reliability.checkpointing import read_weights
 from project.config.schema import RunConfig
-from project.recipe.data import MNISTDataModule
-from project.hardware.devices import resolve_hardware
 from project.errors import UsageError
-from project.recipe.module import LitMNIST
+from project.hardware.devices import resolve_hardware
+from project.recipe.data import MNISTDataModule
+from project.recipe.model import LitMNIST
+from project.reliability.checkpointing import read_weights
 from project.training.samplers import EvalShardSampler
 from project.training.tuning import check_tuning
 

@@ -8,9 +8,9 @@ import torch
 import yaml
 
 from helpers import tiny_config
-from project.training.build import build_loggers
 from project.config.schema import RunConfig
 from project.errors import UsageError
+from project.training.build import build_loggers
 from project.training.run import train
 
 

@@ -28,8 +28,8 @@ from helpers import (
     newest_last_checkpoint,
     tiny_config,
 )
-from project.reliability.checkpointing import read_checkpoint
 from project.errors import UserError
+from project.reliability.checkpointing import read_checkpoint
 from project.reliability.resume import checkpoint_to_resume
 from project.training.run import train
 

@@ -10,7 +10,7 @@ import torch
 
 from helpers import make_tiny_mnist, run_script, summary_value, tiny_config, tiny_run
 from project.recipe.data import MNISTDataModule
-from project.recipe.module import LitMNIST
+from project.recipe.model import LitMNIST
 from project.training.run import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -61,7 +61,7 @@ def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_mnist):
     trainer = L.Trainer(accelerator="gpu", devices=1, precision="16-mixed", fast_dev_run=True)
     assert isinstance(trainer.precision_plugin.scaler, torch.amp.GradScaler)
     trainer.fit(LitMNIST(), datamodule=dm)
-    assert dm.train_set.images.is_cuda and dm.train_set.targets.is_cuda
+    assert dm.train_set.inputs.is_cuda and dm.train_set.targets.is_cuda
     x, _ = next(iter(dm.train_dataloader()))
     assert x.is_cuda  # batches are gathered on the device: no host-to-device copy per step
 
@@ -80,9 +80,9 @@ class _NoSyncBetweenLogs(LitMNIST):
 @pytest.mark.parametrize("steps_per_call", [1, 8])
 def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_mnist, tmp_path, monkeypatch,
                                                                       steps_per_call):
-    from project.training import build
+    from project.recipe import model as recipe_model
 
-    monkeypatch.setattr(build, "LitMNIST", _NoSyncBetweenLogs)
+    monkeypatch.setattr(recipe_model, "LitMNIST", _NoSyncBetweenLogs)  # what RECIPE.module_class() finds
     result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=8, batch_size=8,
                                log_every_n_steps=1000, steps_per_call=steps_per_call))
     assert result.optimizer_steps == 8 * 25  # 200 images / 8; every step after the 16th ran sync-free

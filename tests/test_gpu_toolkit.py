@@ -8,8 +8,8 @@ import torch
 
 from helpers import event_accumulator, one_line_error, run_script, tiny_config, tiny_run
 from project.config.schema import RunConfig
-from project.hardware.devices import resolve_hardware
 from project.errors import NonFiniteLossError, UsageError
+from project.hardware.devices import resolve_hardware
 from project.hardware.gpu_info import collect
 from project.training.run import train
 from project.training.tuning import pick_lr

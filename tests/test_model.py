@@ -5,9 +5,9 @@ import torch
 from torch import nn
 from torchvision import transforms
 
-from project import MNIST_MEAN, MNIST_STD
-from project.results.evaluation import load_classifier
+from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
 from project.recipe.model import MLP, build_sequential, export_state_dict, hidden_sizes_of
+from project.results.evaluation import load_classifier
 
 
 def test_accepts_images_and_flat_vectors():
@@ -57,8 +57,8 @@ def test_exported_deeper_model_round_trips(tmp_path):
     torch.save(export_state_dict(model), path)
     assert hidden_sizes_of(torch.load(path, weights_only=True)) == (64, 32)
     classifier = load_classifier(weights=str(path))  # takes normalised images, like the MLP
-    assert isinstance(classifier.network, nn.Sequential)
-    assert len(classifier.network) == len(build_sequential((64, 32)))
+    assert isinstance(classifier.network.network, nn.Sequential)  # the article's layout, fed normalised images
+    assert len(classifier.network.network) == len(build_sequential((64, 32)))
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(classifier(x), model(x), atol=1e-4, rtol=1e-4)
@@ -72,8 +72,9 @@ def test_worst_mistakes_work_with_any_shard_size():
         trainer = type("T", (), {"world_size": 1})()
 
     worst = WorstMistakes(k=32)
+    worst.input_shape, worst.num_classes = (1, 28, 28), 10
     none_seen = worst.compute(OneProcess())
-    assert len(none_seen["images"]) == 0  # a rank with no test images at all
+    assert len(none_seen["inputs"]) == 0  # a rank with no test images at all
     images = torch.zeros(5, 1, 28, 28)
     targets = torch.tensor([0, 1, 2, 3, 4])
     log_probs = torch.log_softmax(torch.eye(10)[[0, 1, 2, 3, 9]] * 5, dim=1)  # only the last one is wrong
@@ -82,4 +83,4 @@ def test_worst_mistakes_work_with_any_shard_size():
     assert found["true"].tolist() == [4] and found["predicted"].tolist() == [9]  # fewer than k, none padded in
     worst.reset()
     worst.update(images[:4], log_probs[:4], targets[:4])
-    assert len(worst.compute(OneProcess())["images"]) == 0  # none wrong
+    assert len(worst.compute(OneProcess())["inputs"]) == 0  # none wrong

@@ -11,7 +11,7 @@ import torch
 from helpers import tiny_config, tiny_run
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
-from project.recipe.module import WarmupCosine, default_warmup
+from project.training.classifier import WarmupCosine, default_warmup
 from project.training.plan import planned_steps, train_batches
 from project.training.run import train
 

@@ -25,12 +25,13 @@ from helpers import (
     tiny_config,
     write_idx,
 )
-from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
+from project.errors import CheckpointError, DataError, UsageError, run_cli
 from project.recipe.data import MNISTDataModule
-from project.errors import CheckpointError, MNISTDataError, UsageError, run_cli
+from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.reliability.resume import checkpoint_to_resume
-from project.training.run import train
 from project.reliability.run_files import check_outputs_writable
+from project.results.evaluation import load_classifier
+from project.training.run import train
 
 TRAIN_IMAGES = RAW_NAMES[(True, "images")]
 TRAIN_LABELS = RAW_NAMES[(True, "labels")]
@@ -96,7 +97,7 @@ def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, monkeypatch, case):
     data = make_tiny_mnist(tmp_path / "data")
     damage, message = BAD_FILES[case]
     damage(data)
-    with pytest.raises(MNISTDataError) as err:
+    with pytest.raises(DataError) as err:
         train(tiny_config(data, tmp_path / "logs"))
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(data) in str(err.value)
@@ -104,7 +105,7 @@ def test_bad_mnist_file_gets_one_line_naming_it(tmp_path, monkeypatch, case):
 
 def test_debug_shows_the_traceback_of_a_user_error(capsys):
     def failing() -> int:
-        raise MNISTDataError("somewhere: empty file")
+        raise DataError("somewhere: empty file")
 
     for debug in (False, True):
         with pytest.raises(SystemExit) as exit_info:
@@ -127,7 +128,7 @@ def test_unreadable_mnist_file_is_named(tmp_path, monkeypatch):
         return real_open(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", refusing_open)
-    with pytest.raises(MNISTDataError, match=rf"{TRAIN_LABELS}: cannot read it \(permission denied\)"):
+    with pytest.raises(DataError, match=rf"{TRAIN_LABELS}: cannot read it \(permission denied\)"):
         MNISTDataModule(data, val_size=40, download=False).prepare_data()
 
 
@@ -153,7 +154,7 @@ def test_fuzzed_idx_files_load_or_fail_clearly(tmp_path_factory, seed):
         dm.prepare_data()
         dm.setup("fit")
         dm.setup("test")
-    except MNISTDataError as err:
+    except DataError as err:
         assert "\n" not in str(err) and str(data) in str(err)
         return
     assert len(dm.train_set) + len(dm.val_set) == 60 and len(dm.test_set) == 20
@@ -189,13 +190,15 @@ def test_bad_checkpoints_and_weights_get_one_line(trained, tmp_path):
     for name, path in bad.items():
         with pytest.raises(CheckpointError, match=expected[name]):
             read_checkpoint(path)
-        with pytest.raises(CheckpointError):
-            read_weights(path)
+        with pytest.raises(CheckpointError):  # a state_dict of tensors ("foreign") reads, but fits no network
+            load_classifier(weights=str(path))
         with pytest.raises(CheckpointError, match=expected[name]):  # --resume reads it before training
             checkpoint_to_resume(tiny_config(trained["data"], tmp_path / "logs", hidden=[2], resume=str(path)))
     with pytest.raises(CheckpointError, match="not an exported model.pth"):
         read_weights(good)  # a .ckpt is not a model.pth
     assert read_weights(trained["run"] / "model.pth")["0.weight"].shape == (2, 784)
+    with pytest.raises(CheckpointError, match="not an exported model.pth"):
+        load_classifier(weights=str(bad["foreign"]))  # tensors, but not the article's nn.Sequential
     with pytest.raises(CheckpointError, match=f"{bad['truncated']}: corrupt or not a PyTorch file"):
         train(tiny_config(trained["data"], tmp_path / "logs", resume=str(bad["truncated"])))
     assert not (tmp_path / "logs" / "mnist").exists()  # refused before a run folder was made

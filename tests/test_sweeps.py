@@ -17,9 +17,9 @@ import yaml
 
 from helpers import ROOT
 from project.errors import UsageError, UserError
-from project.training.run import train
-from project.sweeps.study import Objective, grid, load_space, open_study, prepare
 from project.sweeps.storage import open_storage
+from project.sweeps.study import Objective, grid, load_space, open_study, prepare
+from project.training.run import train
 
 SWEEP = str(ROOT / "scripts" / "sweep.py")
 TrialState = optuna.trial.TrialState

@@ -1,4 +1,8 @@
-"""The ways to train the article's MLP that ``scripts/benchmark.py`` times side by side."""
+"""The ways to train the recipe that ``scripts/benchmark.py`` times side by side, all on the same samples.
+
+Every row trains the recipe's network with its loss on the training split of one datamodule
+(the same samples, ``--limit`` included), so samples/s counts what each row trained.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,21 @@ import argparse
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler, Subset
-from torchvision import datasets, transforms
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
 from project import EVAL_BATCH_SIZE
-from project.training.callbacks import EpochStats
 from project.config.schema import RunConfig
-from project.recipe.data import TensorMNIST, keep_batch, normalize, split_indices
-from project.recipe.model import build_sequential
+from project.training.build import build_datamodule, build_model
+from project.training.callbacks import EpochStats
+from project.training.tensor_data import TensorDataModule, TensorPairs, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
 
@@ -56,67 +59,100 @@ def autocast(device: torch.device, precision: str) -> Any:
     return torch.autocast(device.type, enabled=False)
 
 
-def train_split(data_dir: Path, limit: int | None) -> list[int]:
-    """The template's seeded train split, so every implementation sees the same samples."""
-    defaults = RunConfig()
-    train, _ = split_indices(len(datasets.MNIST(data_dir, train=True)), defaults.val_size, defaults.seed)
-    return train[:limit] if limit else train
+@dataclass
+class BenchData:
+    """The samples every row trains on and is tested on, and the recipe's network and loss to train."""
+
+    config: RunConfig
+    train: TensorPairs  # normalised, as the template trains
+    test: TensorPairs
+    per_sample: Dataset | None  # the same training samples, unnormalised, one at a time (None: the recipe has none)
+    datamodule: Callable[[str], TensorDataModule]  # a fresh datamodule holding exactly these samples
+
+    def network(self) -> tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """The recipe's network, freshly initialised from seed 0, and its loss."""
+        torch.manual_seed(0)
+        module = build_model(self.config)
+        return module.model, module.loss
 
 
-def evaluate(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> float:
-    model.eval()
+def bench_data(args: argparse.Namespace) -> BenchData:
+    """The recipe's training split (its first ``--limit`` samples) and test set, loaded once."""
+    config = RunConfig(data_dir=args.data_dir, batch_size=args.batch_size, accelerator=args.accelerator,
+                       precision=args.precision)
+
+    def datamodule(loader: str = "memory") -> TensorDataModule:
+        data = build_datamodule(config.replace(loader=loader))
+        data.setup("fit")
+        data.setup("test")
+        if args.limit:
+            keep = list(range(min(args.limit, len(data.train_set))))
+            train = data.train_set
+            data.train_set = TensorPairs(*train.__getitems__(keep)) if isinstance(train, TensorPairs) else \
+                Subset(train, keep)
+        return data
+
+    data = datamodule()
+    per_sample = None
+    if type(data).load_samples is not TensorDataModule.load_samples:
+        samples = data.load_samples(train=True)
+        train, _ = split_indices(len(samples), data.validation_count(len(samples)), data.seed)
+        per_sample = Subset(samples, train[:len(data.train_set)])
+    return BenchData(config, data.train_set, data.test_set, per_sample, datamodule)
+
+
+def evaluate(network: nn.Module, test: TensorPairs, device: torch.device, normalize: Callable | None = None) -> float:
+    """Test accuracy; ``normalize`` maps the normalised test inputs to what ``network`` was trained on."""
+    network.eval()
     with torch.no_grad():
-        correct = sum(
-            int((model(x.reshape(len(x), -1)).argmax(1) == y).sum())
-            for x, y in zip(images.split(EVAL_BATCH_SIZE), targets.split(EVAL_BATCH_SIZE), strict=True)
-        )
-    model.train()
-    return correct / len(targets)
+        correct = 0
+        for x, y in zip(test.inputs.split(EVAL_BATCH_SIZE), test.targets.split(EVAL_BATCH_SIZE), strict=True):
+            x = x.to(device)
+            correct += int((network(normalize(x) if normalize else x).argmax(1) == y.to(device)).sum())
+    network.train()
+    return correct / len(test.targets)
 
 
-def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precision: str, train_idx: list[int],
-              data_dir: Path) -> dict[str, Any]:
-    """The article's loop (``kind="article"``: DataLoader + ToTensor, fixed only to run), or a lean
-    hand-written one over tensors on the device (batches by shuffled index)."""
-    torch.manual_seed(0)
-    model = build_sequential((128,)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=ARTICLE_LR)
-    criterion = nn.NLLLoss()
-    test = datasets.MNIST(data_dir, train=False)
+def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precision: str,
+              data: BenchData) -> dict[str, Any]:
+    """The article's loop (``kind="article"``: a per-sample Dataset and DataLoader, unnormalised inputs as the
+    article feeds them, fixed only to run), or a lean hand-written one over tensors on the device (batches by
+    shuffled index)."""
+    network, loss_fn = data.network()
+    network.to(device)
+    optimizer = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR)
+    unnormalize: Callable | None = None
     if kind == "article":
-        train_data = Subset(datasets.MNIST(data_dir, train=True, transform=transforms.ToTensor()), train_idx)
-        loader: Iterable = DataLoader(train_data, batch_size=args.batch_size, shuffle=True)
-        test_x = test.data.unsqueeze(1).float().div(255).to(device)
+        loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
+        to_pixels = data.datamodule("memory").to_image
+        unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
 
         def batches() -> Iterable:
             return loader
     else:
-        full = datasets.MNIST(data_dir, train=True)
-        index = torch.tensor(train_idx)
-        images, labels = normalize(full.data[index]).to(device), full.targets[index].to(device)
-        test_x = normalize(test.data).to(device)
+        inputs, labels = data.train.inputs.to(device), data.train.targets.to(device)
 
         def batches() -> Iterable:
             order = torch.randperm(len(labels), device=device)
-            return ((images[i], labels[i]) for i in order.split(args.batch_size))
+            return ((inputs[i], labels[i]) for i in order.split(args.batch_size))
 
     times, steps = [], 0
     with counting_syncs(device) as caught:
         for _ in range(args.epochs + 1):
-            times.append(_epoch(model, optimizer, criterion, batches(), device, precision))
-            steps += -(-len(train_idx) // args.batch_size)
-    return {"epoch_times": times[1:], "test_acc": evaluate(model, test_x, test.targets.to(device)),
+            times.append(_epoch(network, optimizer, loss_fn, batches(), device, precision))
+            steps += -(-len(data.train) // args.batch_size)
+    return {"epoch_times": times[1:], "test_acc": evaluate(network, data.test, device, unnormalize),
             "syncs_per_step": syncs_in(caught) / steps}
 
 
-def _epoch(model: nn.Module, optimizer: torch.optim.Optimizer, criterion: nn.Module, batches: Iterable,
+def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, batches: Iterable,
            device: torch.device, precision: str) -> float:
     with EpochTimer(device) as timer:
         for inputs, targets in batches:
-            inputs = inputs.to(device, non_blocking=True).reshape(len(inputs), -1)
+            inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
             with autocast(device, precision):
-                loss = criterion(model(inputs).float(), targets)
+                loss = loss_fn(network(inputs).float(), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -148,53 +184,46 @@ def syncs_in(caught: list[warnings.WarningMessage]) -> int:
 class _Bare(L.LightningModule):
     """The least a LightningModule can be: Lightning's own per-step cost, nothing of the template's."""
 
-    def __init__(self) -> None:
+    def __init__(self, network: nn.Module, loss_fn: Callable) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.net = build_sequential((128,))
+        self.net = network
+        self.loss_fn = loss_fn
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return nn.functional.nll_loss(self.net(x.reshape(len(x), -1)), y)
+        return self.loss_fn(self.net(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=ARTICLE_LR)
 
 
-def bare_lightning(args: argparse.Namespace, device: torch.device, precision: str, train_idx: list[int],
-                   data_dir: Path) -> dict[str, Any]:
+def bare_lightning(args: argparse.Namespace, device: torch.device, precision: str, data: BenchData) -> dict[str, Any]:
     """A minimal LightningModule on the same in-memory tensors: no callbacks, logger, bar or validation."""
-    full, test = datasets.MNIST(data_dir, train=True), datasets.MNIST(data_dir, train=False)
-    index = torch.tensor(train_idx)
-    data = TensorMNIST(normalize(full.data[index]).to(device), full.targets[index].to(device))
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=RandomSampler(data), collate_fn=keep_batch)
-    stats, module = EpochStats(), _Bare()
+    train = data.train.to(device)
+    loader = DataLoader(train, batch_size=args.batch_size, sampler=RandomSampler(train), collate_fn=keep_batch)
+    stats, module = EpochStats(), _Bare(*data.network())
     trainer = L.Trainer(accelerator=device.type, devices=1, precision=precision, max_epochs=args.epochs + 1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[stats], limit_val_batches=0)
     trainer.fit(module, train_dataloaders=loader)
     module.to(device)
-    accuracy = evaluate(module.net, normalize(test.data).to(device), test.targets.to(device))
-    return {"epoch_times": stats.epoch_times[1:], "test_acc": accuracy}
+    return {"epoch_times": stats.epoch_times[1:], "test_acc": evaluate(module.net, data.test, device)}
 
 
-def template(args: argparse.Namespace, data_dir: Path, limit: int | None, steps_per_call: int | str,
+def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str,
              loader: str = "memory") -> dict[str, Any]:
     """``train()`` itself on the article's recipe; on a GPU, with the host syncs it made per step."""
     from project.hardware.devices import resolve_accelerator
     from project.training.run import train
 
     with tempfile.TemporaryDirectory() as logdir:
-        config = RunConfig(
-            accelerator=args.accelerator, precision=args.precision, data_dir=str(data_dir), logdir=logdir,
-            name="bench", max_epochs=args.epochs + 1, batch_size=args.batch_size, loader=loader,
-            steps_per_call=steps_per_call, optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0,
-            scheduler="none",
-            trainer={"enable_progress_bar": False, **({"limit_train_batches": limit // args.batch_size}
-                                                       if limit else {})},
+        config = data.config.replace(
+            logdir=logdir, name="bench", max_epochs=args.epochs + 1, loader=loader, steps_per_call=steps_per_call,
+            optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none",
+            trainer={"enable_progress_bar": False},
         )
         with counting_syncs(torch.device(resolve_accelerator(args.accelerator))) as caught:
-            result = train(config)
+            result = train(config, datamodule=data.datamodule(loader))
     return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call,
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

@@ -1,4 +1,4 @@
-"""``scripts/benchmark.py``: ways to train the article's MLP, timed side by side in one process; the report."""
+"""``scripts/benchmark.py``: ways to train the recipe, timed side by side in one process; the report."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from typing import Any
 import torch
 
 from project.benchmark import loops as bench_loops
-from project.training.console import quiet_known_warnings
-from project.hardware.devices import resolve_accelerator, resolve_precision
+from project.config.schema import RECIPE
 from project.errors import UsageError
+from project.hardware.devices import resolve_accelerator, resolve_precision
 from project.results.figures import pyplot
-from project.recipe.mnist_files import ensure_mnist, resolve_data_dir
+from project.training.console import quiet_known_warnings
 
 ROWS = {
-    "article": "article loop (DataLoader + ToTensor)",
+    "article": "article loop (per-sample DataLoader)",
     "hand": "hand-written tensor loop",
     "bare": "bare Lightning (no callbacks, logger or bar)",
     "template-k1": "template, steps per call 1",
@@ -37,36 +37,39 @@ REFERENCE = "hand"
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     quiet_known_warnings()
-    data_dir = resolve_data_dir(args.data_dir)
-    ensure_mnist(data_dir, download=True)
     device = torch.device(resolve_accelerator(args.accelerator))
     precision = resolve_precision(args.precision, args.accelerator)
-    train_idx = bench_loops.train_split(data_dir, args.limit)
+    data = bench_loops.bench_data(args)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "article": lambda: bench_loops.hand_loop("article", args, device, precision, train_idx, data_dir),
-        "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, train_idx, data_dir),
-        "bare": lambda: bench_loops.bare_lightning(args, device, precision, train_idx, data_dir),
-        "template-k1": lambda: bench_loops.template(args, data_dir, args.limit, 1),
-        "template-auto": lambda: bench_loops.template(args, data_dir, args.limit, "auto"),
-        "template-torchvision": lambda: bench_loops.template(args, data_dir, args.limit, 1, "torchvision"),
+        "article": lambda: bench_loops.hand_loop("article", args, device, precision, data),
+        "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, data),
+        "bare": lambda: bench_loops.bare_lightning(args, device, precision, data),
+        "template-k1": lambda: bench_loops.template(args, data, 1),
+        "template-auto": lambda: bench_loops.template(args, data, "auto"),
+        "template-torchvision": lambda: bench_loops.template(args, data, 1, "torchvision"),
     }
-    wanted = list(ROWS) if args.only == "all" else [k.strip() for k in args.only.split(",") if k.strip()]
+    if data.per_sample is None:  # the recipe has no per-sample dataset: the rows that need one cannot run
+        for key in ("article", "template-torchvision"):
+            runners.pop(key)
+    wanted = [k for k in ROWS if k in runners] if args.only == "all" else \
+        [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = [k for k in wanted if k not in runners]
     if unknown:
-        raise UsageError(f"--only {unknown[0]}: choose from {', '.join(ROWS)}")
+        why = " (it needs the recipe's per-sample dataset, load_samples)" if unknown[0] in ROWS else ""
+        raise UsageError(f"--only {unknown[0]}: choose from {', '.join(runners)}{why}")
     rows = []
     for key in wanted:
         print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
         measured = runners[key]()
         epoch = statistics.median(measured["epoch_times"])
         rows.append({"key": key, "implementation": ROWS[key], "epoch_s": epoch,
-                     "samples_per_s": len(train_idx) / epoch, **measured})
+                     "samples_per_s": len(data.train) / epoch, **measured})
     reference = next((r["epoch_s"] for r in rows if r["key"] == REFERENCE), None)
     for row in rows:
         row["vs_hand"] = row["epoch_s"] / reference if reference else None
     return {
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
-        "timed_epochs": args.epochs, "train_samples": len(train_idx),
+        "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": RECIPE.name,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
     }
 
@@ -126,7 +129,7 @@ def report(results: dict[str, Any], out: Path) -> None:
     labels = [r["implementation"] for r in results["rows"]]
     ax.barh(labels[::-1], [r["epoch_s"] for r in results["rows"]][::-1], color="#4c72b0")
     ax.set_xlabel("median epoch time (s), lower is better")
-    ax.set_title(f"MNIST MLP, batch {results['batch_size']}, {results['device']}, {results['precision']}")
+    ax.set_title(f"{results['recipe']}, batch {results['batch_size']}, {results['device']}, {results['precision']}")
     fig.tight_layout()
     fig.savefig(out / "benchmark.png", dpi=120)
     plt.close(fig)

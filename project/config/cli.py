@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
-from project.config.schema import ACCELERATORS, PRECISIONS, RunConfig, load_yaml, resolve_config
+from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config
+from project.config.validators import count_or_auto, flag, one_of, positive_int, size_or_share
 from project.errors import UsageError
-from project.config.validators import count_or_auto, flag, one_of, positive_int
 
-GROUPS = ("hardware", "recipe", "data", "run")
+GROUPS = ("hardware", "recipe", "model", "data", "run")
 EPILOG = """\
 Any other lightning.Trainer argument, as with LightningCLI:
   --trainer.KEY VALUE or --trainer.KEY=VALUE, e.g. --trainer.accumulate_grad_batches 4,
@@ -44,7 +44,7 @@ def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
 def build_parser(prog: str = "train.py") -> OneLineParser:
     """Flags named after ``RunConfig`` fields; defaults stay out of the namespace so a config file can set them."""
     parser = OneLineParser(
-        prog=prog, description="Train the MNIST MLP with PyTorch Lightning, then test the best checkpoint.",
+        prog=prog, description=RECIPE.description,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -111,7 +111,7 @@ def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") 
 
 # ---------------------------------------------------------------- the other scripts' command lines
 
-DATA_DIR_HELP = "folder holding MNIST/raw/ (default: $DATA_DIR, else data/)"
+DATA_DIR_HELP = RECIPE.data_help
 
 
 def _tool_parser(prog: str, description: str | None) -> OneLineParser:
@@ -127,7 +127,7 @@ def _model_source(parser: argparse.ArgumentParser) -> None:
                         "(default: best)")
     source.add_argument("--weights", metavar="model.pth", help="an exported model.pth")
     parser.add_argument("--logdir", default="lightning_logs")
-    parser.add_argument("--name", default="mnist")
+    parser.add_argument("--name", default=RECIPE.name)
 
 
 def parse_evaluate_args(description: str | None) -> argparse.Namespace:
@@ -143,7 +143,7 @@ def parse_predict_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("predict.py", description)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")
     _model_source(parser)
-    parser.add_argument("--topk", type=argparse_type(positive_int), default=1, help="show the K most likely digits")
+    parser.add_argument("--topk", type=argparse_type(positive_int), default=1, help="show the K most likely classes")
     parser.add_argument("--json", action="store_true", help="one JSON document with every result")
     return parser.parse_args()
 
@@ -163,14 +163,15 @@ def parse_sweep_args(description: str | None) -> argparse.Namespace:
                         help="seconds between a database trial's heartbeats; one silent for twice this is failed "
                              "and retried")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # started by a sweep: no report
-    parser.add_argument("--study-name", default="mnist-sweep")
+    parser.add_argument("--study-name", default=f"{RECIPE.name}-sweep")
     parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
     parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,
                         help="Optuna's TPE, random search, or a grid that runs each combination once")
     parser.add_argument("--sampler-seed", type=int, help="seed Optuna's sampler")
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
-    parser.add_argument("--val-size", type=argparse_type(positive_int), default=5000)
+    parser.add_argument("--val-size", type=argparse_type(size_or_share),
+                        help="samples (or a share) held out for validation (default: the recipe's)")
     parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
     return parser.parse_args()
 
@@ -200,7 +201,7 @@ def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
 
 def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
     parser = _tool_parser("plot_scalars.py", description)
-    parser.add_argument("run", help="a run folder, e.g. lightning_logs/mnist/version_0")
+    parser.add_argument("run", help=f"a run folder, e.g. lightning_logs/{RECIPE.name}/version_0")
     parser.add_argument("--out", default="scalars.png")
     parser.add_argument("--tags", default=",".join(default_tags), help="comma-separated scalar tags")
     return parser.parse_args()

@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from project import EVAL_BATCH_SIZE, LOADERS, OPTIMIZERS, SCHEDULERS
-from project.errors import UsageError
 from project.config.validators import (
     count_or_auto,
     devices_spec,
     flag,
-    hidden_sizes,
     memory_fraction,
     non_negative_float,
     non_negative_int,
@@ -27,9 +25,12 @@ from project.config.validators import (
     positive_float,
     positive_int,
     seed_value,
+    size_or_share,
     text,
     top_k,
 )
+from project.contract import recipe
+from project.errors import UsageError
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
@@ -51,9 +52,12 @@ def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: st
     return field(default=default, metadata=metadata)
 
 
+RECIPE = recipe()
+
+
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines one training run. Field names are the flags (``max_epochs`` = ``--max-epochs``)."""
+class EngineSettings:
+    """The engine's settings of a run; ``RunConfig`` adds the recipe's own options to them."""
 
     # hardware
     accelerator: str = setting("auto", one_of(*ACCELERATORS), "auto, cpu, gpu/cuda, mps", "hardware")
@@ -86,7 +90,6 @@ class RunConfig:
                              "per optimizer step", "recipe")
     warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
                                        "of the run's steps)", "recipe", metavar="N")
-    hidden: list[int] = setting([128], hidden_sizes, "hidden widths, e.g. 128 or 256,128", "recipe")
     scale_lr: bool = setting(False, flag, f"linear scaling rule: lr x global batch / {BASE_BATCH}", "recipe")
     find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
@@ -95,18 +98,19 @@ class RunConfig:
     seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe")
     deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
     # data
-    data_dir: str | None = setting(None, optional(text), "folder holding MNIST/raw/ (default: $DATA_DIR, "
-                                   "else data/)", "data")
-    val_size: int = setting(5000, positive_int, "images of the training file held out for validation", "data")
+    data_dir: str | None = setting(None, optional(text), RECIPE.data_help, "data")
+    val_size: int | float | None = setting(None, optional(size_or_share), "samples of the training set held out for "
+                                           "validation, or a share (0.1) (default: the recipe's)", "data",
+                                           metavar="N|SHARE")
     loader: str = setting("memory", one_of(*LOADERS), "memory: whole split as one tensor, batches by "
-                          "gather; torchvision: per-sample", "data")
-    num_workers: int = setting(0, non_negative_int, "torchvision loader only", "data")
-    pin_memory: bool = setting(False, flag, "torchvision loader only", "data")
+                          "gather; torchvision: a per-sample Dataset and DataLoader", "data")
+    num_workers: int = setting(0, non_negative_int, "per-sample loader only", "data")
+    pin_memory: bool = setting(False, flag, "per-sample loader only", "data")
     # run
     fast_dev_run: bool = setting(False, flag, "one batch of each stage, no logs or files", saved=False)
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
     logger: str = setting("tensorboard", text, "tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
-    name: str = setting("mnist", text, "experiment name")
+    name: str = setting(RECIPE.name, text, "experiment name")
     run_version: str | None = setting(None, optional(text), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
@@ -153,12 +157,23 @@ class RunConfig:
             del values["trainer"]
         return values
 
-    def replace(self, **changes: Any) -> RunConfig:
+    def replace(self, **changes: Any) -> Any:
         return dataclasses.replace(self, **changes)
 
     @property
     def wants_tuner(self) -> bool:
         return self.find_batch_size or self.find_lr
+
+
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig",
+    [(name, Any, setting(option.default, option.check, option.help, "model", metavar=option.metavar))
+     for name, option in RECIPE.options.items()],
+    bases=(EngineSettings,), frozen=True,
+    namespace={"__doc__": "Everything that defines one training run: the engine's settings and the recipe's "
+                          "options. Field names are the flags (``max_epochs`` = ``--max-epochs``)."},
+)
+RunConfig.__module__ = __name__
 
 
 # Trainer arguments that are also first-class settings: ``--trainer.max_epochs`` is ``--max-epochs``.

@@ -77,12 +77,26 @@ def one_of(*choices: str) -> Callable[[Any], str]:
     return check
 
 
-def hidden_sizes(value: Any) -> list[int]:
-    """``128``, ``256,128`` or a YAML list: one or more hidden layer widths."""
+def sizes(value: Any) -> list[int]:
+    """``128``, ``256,128`` or a YAML list: one or more positive sizes (layer widths, channels)."""
     parts = value if isinstance(value, list) else [p for p in str(value).replace(" ", "").split(",") if p]
     if not parts or isinstance(value, bool):
-        raise ValueError("needs at least one layer size, e.g. 128 or 256,128")
+        raise ValueError("needs at least one size, e.g. 128 or 256,128")
     return [positive_int(p) for p in parts]
+
+
+def size_or_share(value: Any) -> int | float:
+    """A count (``5000``) or a share of a whole (``0.1``, strictly between 0 and 1)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a count or a share between 0 and 1, got {value!r}")
+    text_value = str(value).strip()
+    try:
+        number = float(text_value)
+    except ValueError:
+        raise ValueError(f"expected a count or a share between 0 and 1, got {value!r}") from None
+    if 0 < number < 1:
+        return number
+    return positive_int(value)
 
 
 def devices_spec(value: Any) -> int | list[int] | str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
-from project import MNIST_MEAN, MNIST_STD
 from project.errors import ImageError
+from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
+from project.results.image_files import with_image
 
 INK_THRESHOLD = 0.2  # after contrast stretching, pixels above this count as the digit
 
@@ -64,31 +64,4 @@ def to_mnist(image: Image.Image) -> torch.Tensor:
 
 def load_digit(path: str | os.PathLike) -> torch.Tensor:
     """A file as a normalised ``(1, 28, 28)`` tensor, or one clear reason why not."""
-    path = Path(path)
-    if path.is_dir():
-        raise ImageError("is a directory")
-    try:
-        with Image.open(path) as image:
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            pixels = to_mnist(image)
-    except FileNotFoundError:
-        raise ImageError("no such file") from None
-    except PermissionError:
-        raise ImageError("no permission to read it") from None
-    except UnidentifiedImageError:
-        raise ImageError("not an image file (or a format Pillow cannot read)") from None
-    except (OSError, SyntaxError, ValueError) as err:
-        raise ImageError(f"cannot decode the image ({str(err).splitlines()[0][:100] or type(err).__name__})") from None
-    return (pixels - MNIST_MEAN) / MNIST_STD
-
-
-def image_files(inputs: list[str]) -> list[Path]:
-    """Files named directly, plus every file in named directories (sorted, not recursive)."""
-    files: list[Path] = []
-    for item in map(Path, inputs):
-        if item.is_dir():
-            files += sorted(p for p in item.iterdir() if p.is_file() and not p.name.startswith("."))
-        else:
-            files.append(item)
-    return files
+    return (with_image(path, to_mnist) - MNIST_MEAN) / MNIST_STD

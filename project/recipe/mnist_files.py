@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from project.errors import MNISTDataError
+from project.errors import DataError
 
 RAW_FILES = (
     "train-images-idx3-ubyte",
@@ -13,12 +12,8 @@ RAW_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # of the training images' pixels in [0, 1]
 IMAGES_MAGIC, LABELS_MAGIC = 0x00000803, 0x00000801  # IDX: unsigned bytes, 3 or 1 dimensions
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """``--data-dir`` wins, then the ``DATA_DIR`` environment variable, then ``data/``."""
-    return Path(data_dir or os.environ.get("DATA_DIR") or "data")
 
 
 def raw_folder(data_dir: Path) -> Path:
@@ -35,7 +30,7 @@ def ensure_mnist(data_dir: Path, download: bool) -> None:
     try:
         _ensure_mnist(data_dir, download)
     except PermissionError as err:
-        raise MNISTDataError(f"{err.filename or raw_folder(data_dir)}: no permission to read it") from None
+        raise DataError(f"{err.filename or raw_folder(data_dir)}: no permission to read it") from None
 
 
 def _ensure_mnist(data_dir: Path, download: bool) -> None:
@@ -48,7 +43,7 @@ def _ensure_mnist(data_dir: Path, download: bool) -> None:
         except Exception:  # noqa: BLE001 - any failure means the same thing to the user
             pass
     if missing_files(data_dir):
-        raise MNISTDataError(
+        raise DataError(
             f"MNIST not found in {raw_folder(data_dir)} and it could not be downloaded; "
             f"put the four uncompressed files there ({', '.join(RAW_FILES)}) "
             "or point --data-dir / DATA_DIR at a folder that has MNIST/raw/"
@@ -64,10 +59,10 @@ def check_raw_files(data_dir: Path) -> None:
         for name, magic in ((images_name, IMAGES_MAGIC), (labels_name, LABELS_MAGIC)):
             problem, count = idx_problem(folder / name, magic)
             if problem:
-                raise MNISTDataError(f"{folder / name}: {problem}")
+                raise DataError(f"{folder / name}: {problem}")
             counts.append(count)
         if counts[0] != counts[1]:
-            raise MNISTDataError(
+            raise DataError(
                 f"{folder / images_name} has {counts[0]} images but {folder / labels_name} has {counts[1]} labels"
             )
 
@@ -108,4 +103,4 @@ def label_problem(data_dir: Path, train: bool, largest_label: int, classes: int)
     """Labels outside the classes the model predicts: named with the file they came from."""
     if largest_label >= classes:
         name = RAW_FILES[1] if train else RAW_FILES[3]
-        raise MNISTDataError(f"{raw_folder(data_dir) / name}: label {largest_label} is not a digit 0-{classes - 1}")
+        raise DataError(f"{raw_folder(data_dir) / name}: label {largest_label} is not a digit 0-{classes - 1}")

@@ -144,8 +144,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     state = _load(path)
     if not isinstance(state, dict) or "state_dict" not in state or "hyper_parameters" not in state:
         raise CheckpointError(f"{path}: not a Lightning checkpoint of this project (no state_dict/hyper_parameters)")
-    if not any(key.startswith("model.layers.") for key in state["state_dict"]):
-        raise CheckpointError(f"{path}: a Lightning checkpoint, but not of this project's MLP")
+    if not any(key.startswith("model.") for key in state["state_dict"]):
+        raise CheckpointError(f"{path}: a Lightning checkpoint, but not of a ClassifierModule (no model.* weights)")
     return state
 
 
@@ -153,10 +153,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load a ``model.pth`` state dict safely, or say in one line why it cannot be used."""
     path = Path(path)
     state = _load(path)
-    if not isinstance(state, dict) or not state or not all(
-        isinstance(v, torch.Tensor) and k.split(".")[0].isdigit() for k, v in state.items()
-    ):
-        raise CheckpointError(f"{path}: not an exported model.pth (expected an nn.Sequential state_dict)")
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not an exported model.pth (expected a state_dict: names to tensors)")
     return state
 
 

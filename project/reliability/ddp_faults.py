@@ -1,4 +1,4 @@
-"""How a DDP job ends when one rank fails: all of its processes, within seconds (SIGTERM: project/reliability/stops.py)."""
+"""How a DDP job ends when one rank fails: all of its processes, within seconds (SIGTERM: reliability/stops.py)."""
 
 from __future__ import annotations
 

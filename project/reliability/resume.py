@@ -11,15 +11,16 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from project.reliability.checkpointing import find_checkpoint, read_checkpoint
-from project.config.schema import RunConfig
+from project.config.schema import RECIPE, RunConfig
 from project.errors import NothingToDo, UsageError, UserError
-from project.training.plan import check_schedule_length, planned_steps
+from project.reliability.checkpointing import find_checkpoint, read_checkpoint
 from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
+from project.training.plan import check_schedule_length, planned_steps
+from project.training.tensor_data import data_position
 
 # Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
 TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
-           "batch_size", "hidden", "precision", "loader", "scale_lr")
+           "batch_size", "precision", "loader", "scale_lr", *RECIPE.options)
 TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                         "limit_train_batches", "max_steps")
 
@@ -63,7 +64,7 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     checkpoint = read_checkpoint(path)
     record = checkpoint.get("run_record", {})
     check_same_training(record.get("config", {}), config, path)
-    saved_world = checkpoint.get("MNISTDataModule", {}).get("world_size")
+    saved_world = (data_position(checkpoint) or {}).get("world_size")
     if saved_world is not None and saved_world != world_size:
         raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
                         "each rank's place in the epoch's data order depends on it: resume with the same "
@@ -157,4 +158,9 @@ def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
         detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
                        line or "Unexpected" in line), str(err).splitlines()[0])
         raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
-                        "use the model settings it was trained with (e.g. --hidden)") from None
+                        f"use the model settings it was trained with{_options_hint()}") from None
+
+
+def _options_hint() -> str:
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in RECIPE.options)
+    return f" ({flags})" if flags else ""

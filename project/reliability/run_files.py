@@ -17,10 +17,10 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from project.training.build import run_dir
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.results.tensorboard_figures import tensorboard_of
+from project.training.build import run_dir
 
 RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
 

@@ -24,8 +24,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.reliability.checkpointing import validation_due
 from project.errors import Terminated
+from project.reliability.checkpointing import validation_due
 from project.reliability.slurm import requeue_this_job
 
 # SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.

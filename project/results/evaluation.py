@@ -1,4 +1,4 @@
-"""Load a trained model from a checkpoint or ``model.pth`` and measure it on the MNIST test set."""
+"""Load a trained model from a checkpoint or ``model.pth`` and measure it on the recipe's test set."""
 
 from __future__ import annotations
 
@@ -9,62 +9,59 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from project import EVAL_BATCH_SIZE, MNIST_MEAN, MNIST_STD, NUM_CLASSES
-from project.reliability.checkpointing import find_checkpoint, read_checkpoint, read_weights
+from project import EVAL_BATCH_SIZE
+from project.contract import recipe
 from project.errors import CheckpointError
-from project.recipe.model import build_sequential, hidden_sizes_of
+from project.reliability.checkpointing import find_checkpoint, read_checkpoint, read_weights
 
 
 class Classifier(nn.Module):
-    """Log-probabilities for *normalised* images, whichever file the weights came from.
+    """Log-probabilities for inputs as training gave them (normalised), whichever file the network came from.
 
-    A checkpoint's MLP takes normalised input as in training, so its test accuracy is exactly
-    the one training reported; an exported ``model.pth`` takes ``ToTensor()`` pixels, so its
-    input is mapped back first.
+    ``log_softmax`` of the network's outputs: log-probabilities for a network that returns logits,
+    and unchanged for one that already returns log-probabilities.
     """
 
-    def __init__(self, network: nn.Module, takes_raw_pixels: bool, source: str) -> None:
+    def __init__(self, network: nn.Module, source: str) -> None:
         super().__init__()
         self.network = network
-        self.takes_raw_pixels = takes_raw_pixels
         self.source = source
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.reshape(images.shape[0], -1)
-        if self.takes_raw_pixels:
-            x = x * MNIST_STD + MNIST_MEAN
-        return self.network(x)
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.network(inputs).float(), dim=1)
 
 
 def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir: str = "lightning_logs",
-                    name: str = "mnist") -> Classifier:
-    """From ``--weights model.pth``, or ``--ckpt PATH|best|last`` (default: ``best``)."""
+                    name: str | None = None) -> Classifier:
+    """From ``--weights model.pth``, or ``--ckpt PATH|best|last`` (default: ``best``) of the recipe's runs."""
+    module_class = recipe().module_class()
     if weights:
-        state = read_weights(weights)
-        network = build_sequential(hidden_sizes_of(state))
-        try:
-            network.load_state_dict(state, strict=True)
-        except RuntimeError:
-            raise CheckpointError(f"{weights}: tensors do not fit the article's MLP layout") from None
-        return Classifier(network.eval(), takes_raw_pixels=True, source=str(weights))
-    from project.recipe.module import LitMNIST
-
-    path = find_checkpoint(ckpt or "best", logdir, name, "--ckpt")
+        network = module_class.network_from_weights(read_weights(weights), str(weights))
+        return Classifier(network.eval(), source=str(weights))
+    path = find_checkpoint(ckpt or "best", logdir, name or recipe().name, "--ckpt")
     state = read_checkpoint(path)
-    module = LitMNIST(**state["hyper_parameters"])
-    module.load_state_dict(state["state_dict"], strict=True)
-    return Classifier(module.model.eval(), takes_raw_pixels=False, source=str(path))
+    module = module_class(**state["hyper_parameters"])
+    try:
+        module.load_state_dict(state["state_dict"], strict=True)
+    except RuntimeError:
+        raise CheckpointError(f"{path}: its weights do not fit this recipe's {module_class.__name__}") from None
+    return Classifier(module.model.eval(), source=str(path))
+
+
+def recipe_data(data_dir: str | None = None) -> Any:
+    """The recipe's datamodule with its defaults: its test set, its image reading."""
+    return recipe().datamodule_class()(data_dir)
 
 
 @torch.no_grad()
-def evaluate(classifier: Classifier, images: torch.Tensor, targets: torch.Tensor,
+def evaluate(classifier: Classifier, inputs: torch.Tensor, targets: torch.Tensor, num_classes: int,
              batch_size: int = EVAL_BATCH_SIZE) -> dict[str, Any]:
-    """Test loss, accuracy, per-class accuracy and confusion matrix, all through torchmetrics."""
+    """Test loss (cross-entropy), accuracy, per-class accuracy and confusion matrix, all through torchmetrics."""
     loss = MeanMetric()
-    accuracy = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
-    per_class = MulticlassAccuracy(num_classes=NUM_CLASSES, average=None)
-    confusion = MulticlassConfusionMatrix(num_classes=NUM_CLASSES)
-    for x, y in zip(images.split(batch_size), targets.split(batch_size), strict=True):
+    accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+    per_class = MulticlassAccuracy(num_classes=num_classes, average=None)
+    confusion = MulticlassConfusionMatrix(num_classes=num_classes)
+    for x, y in zip(inputs.split(batch_size), targets.split(batch_size), strict=True):
         log_probs = classifier(x)
         loss.update(nn.functional.nll_loss(log_probs, y), weight=len(y))
         for metric in (accuracy, per_class, confusion):
@@ -80,18 +77,19 @@ def evaluate(classifier: Classifier, images: torch.Tensor, targets: torch.Tensor
 
 
 def render(results: dict[str, Any]) -> str:
+    classes = len(results["per_class_acc"])
     lines = [
         f"model     {results['source']}",
-        f"test set  {results['samples']} images",
+        f"test set  {results['samples']} samples",
         f"test/acc  {results['test/acc']:.4f}",
         f"test/loss {results['test/loss']:.4f}",
         "",
         "per-class accuracy",
-        "  " + "  ".join(f"{d:>5}" for d in range(NUM_CLASSES)),
+        "  " + "  ".join(f"{d:>5}" for d in range(classes)),
         "  " + "  ".join(f"{v:5.3f}" for v in results["per_class_acc"]),
         "",
-        "confusion matrix (rows: true digit, columns: predicted)",
-        "true " + "".join(f"{d:>6}" for d in range(NUM_CLASSES)),
+        "confusion matrix (rows: true class, columns: predicted)",
+        "true " + "".join(f"{d:>6}" for d in range(classes)),
     ]
     for row, counts in enumerate(results["confusion_matrix"]):
         lines.append(f"{row:>4} " + "".join(f"{v:>6}" for v in counts))
@@ -99,12 +97,11 @@ def render(results: dict[str, Any]) -> str:
 
 
 def evaluate_test_set(classifier: Classifier, data_dir: str | None = None) -> dict[str, Any]:
-    """``evaluate`` on the 10,000 MNIST test images, normalised as in training."""
-    from project.recipe.data import MNISTDataModule
-
-    datamodule = MNISTDataModule(data_dir)
+    """``evaluate`` on the recipe's test set, normalised as in training."""
+    datamodule = recipe_data(data_dir)
     datamodule.setup("test")
-    return evaluate(classifier, datamodule.test_set.images, datamodule.test_set.targets)
+    test = datamodule.test_set
+    return evaluate(classifier, test.inputs, test.targets, datamodule.num_classes)
 
 
 def plot_confusion(results: dict[str, Any], path: str) -> None:

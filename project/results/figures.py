@@ -7,21 +7,13 @@ from typing import Any
 import torch
 from torchvision.utils import make_grid
 
-from project import MNIST_MEAN, MNIST_STD
-
 _GREEN = torch.tensor([0.1, 0.5, 0.2]).view(3, 1, 1)
 _RED = torch.tensor([0.75, 0.1, 0.1]).view(3, 1, 1)
 
 
-def denormalize(images: torch.Tensor) -> torch.Tensor:
-    """Back to the [0, 1] pixels of the original images (what a person would see)."""
-    return (images * MNIST_STD + MNIST_MEAN).clamp(0, 1)
-
-
 def batch_grid(images: torch.Tensor, count: int = 64) -> torch.Tensor:
-    """A ``(3, H, W)`` grid of the first ``count`` images of a normalised batch."""
-    shown = denormalize(images[:count].detach().float().cpu().reshape(-1, 1, 28, 28))
-    return make_grid(shown, nrow=8, padding=2, pad_value=0.5)
+    """A ``(3, H, W)`` grid of the first ``count`` images (``(N, C, H, W)`` pixels in [0, 1])."""
+    return make_grid(images[:count], nrow=8, padding=2, pad_value=0.5)
 
 
 def confusion_heatmap(matrix: torch.Tensor, cell: int = 24) -> torch.Tensor:
@@ -65,25 +57,31 @@ def confusion_figure(matrix: torch.Tensor, title: str) -> Any:
 
 def misclassified_figure(images: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor,
                          confidence: torch.Tensor) -> Any:
-    """Grid of misclassified images, each labelled with its predicted and true label.
+    """Grid of misclassified images (``(N, C, H, W)`` pixels in [0, 1]), each labelled with its predicted
+    and true class.
 
-    One image and one text per cell on a single axes: a subplot per digit took matplotlib
+    One image and one text per cell on a single axes: a subplot per image took matplotlib
     over a second, which every run paid at its end.
     """
     from matplotlib.figure import Figure
 
-    count, columns, cell = len(images), 8, 28 + 12  # 12 pixels of room for each label
+    count, columns = len(images), 8
+    channels, height, width = images.shape[1:]
+    label, margin = max(12, height // 2), max(6, width // 5)  # room for each label, and between columns
+    cell_h, cell_w = height + label, width + 2 * margin
     rows = max(1, (count + columns - 1) // columns)
-    canvas = torch.ones(rows * cell, columns * cell)
-    shown = denormalize(images.detach().float().cpu().reshape(-1, 28, 28))
-    fig = Figure(figsize=(columns * 1.2, rows * 1.45))
+    canvas = torch.ones(3, rows * cell_h, columns * cell_w)
+    # Grey images as dark ink on white paper, as a person reads them; colour images as they are.
+    shown = (1 - images if channels == 1 else images).float().expand(-1, 3, -1, -1)
+    fig = Figure(figsize=(columns * cell_w / 33, rows * cell_h / 27.5))
     ax = fig.add_axes((0, 0, 1, 1))
     for index in range(count):
         row, col = divmod(index, columns)
-        canvas[row * cell + 12: (row + 1) * cell, col * cell + 6: col * cell + 34] = 1 - shown[index]
-        ax.text(col * cell + 20, row * cell + 6, f"pred {int(predicted[index])} ({float(confidence[index]):.0%})"
-                f" true {int(true[index])}", ha="center", va="center", fontsize=6)
-    ax.imshow(canvas.numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        top, left = row * cell_h + label, col * cell_w + margin
+        canvas[:, top: top + height, left: left + width] = shown[index]
+        ax.text(left + width / 2, row * cell_h + label / 2, f"pred {int(predicted[index])} "
+                f"({float(confidence[index]):.0%}) true {int(true[index])}", ha="center", va="center", fontsize=6)
+    ax.imshow(canvas.permute(1, 2, 0).numpy(), vmin=0, vmax=1, interpolation="nearest")
     ax.axis("off")
     return fig
 

@@ -1,4 +1,4 @@
-"""Classifying image files: each file's top-k digits, or the reason it could not be used."""
+"""Classifying image files: each file's top-k classes, or the reason it could not be used."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from typing import Any
 import torch
 
 from project.errors import ImageError
-from project.results.evaluation import Classifier
-from project.recipe.digits import image_files, load_digit
+from project.results.evaluation import Classifier, recipe_data
+from project.results.image_files import image_files
 
 
 def classify_files(classifier: Classifier, inputs: list[str], topk: int = 1) -> Iterator[tuple[Path, Any]]:
     """``(path, result)`` per file; ``result`` is a dict, or a one-line reason when the file is unusable."""
+    read_image = recipe_data().read_image
     for path in image_files(inputs):
         try:
-            image = load_digit(path)
+            image = read_image(path)
         except ImageError as err:
             yield path, str(err)
             continue
@@ -25,10 +26,10 @@ def classify_files(classifier: Classifier, inputs: list[str], topk: int = 1) -> 
             probs = classifier(image.unsqueeze(0))[0].exp()
         top = probs.topk(min(topk, len(probs)))
         ranked = [(int(d), float(p)) for p, d in zip(top.values, top.indices, strict=True)]
-        yield path, {"path": str(path), "digit": ranked[0][0], "probability": ranked[0][1], "topk": ranked}
+        yield path, {"path": str(path), "class": ranked[0][0], "probability": ranked[0][1], "topk": ranked}
 
 
 def render_row(result: dict[str, Any]) -> str:
-    """``PATH<TAB>DIGIT<TAB>PROBABILITY`` and, with top-k, ``<TAB>digit:p`` for the runners-up."""
+    """``PATH<TAB>CLASS<TAB>PROBABILITY`` and, with top-k, ``<TAB>class:p`` for the runners-up."""
     (digit, probability), *others = result["topk"]
     return f"{result['path']}\t{digit}\t{probability:.4f}" + "".join(f"\t{d}:{p:.4f}" for d, p in others)

@@ -1,4 +1,8 @@
-"""TensorBoard pictures of a run, as a callback: first batch, confusion matrices, worst mistakes."""
+"""TensorBoard pictures of a run, as a callback: first batch, confusion matrices, worst mistakes.
+
+The datamodule shows its inputs as images (``to_image``); outputs become log-probabilities by
+``log_softmax``, right for logits and for log-probabilities alike.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from project import NUM_CLASSES
-
 from project.results import figures
 
 
@@ -22,19 +24,20 @@ def tensorboard_of(trainer: L.Trainer) -> TensorBoardLogger | None:
 
 
 class WorstMistakes:
-    """The test images misclassified with the highest loss, kept as a running top-k on the device."""
+    """The test inputs misclassified with the highest loss, kept as a running top-k on the device."""
 
     def __init__(self, k: int = 32) -> None:
         self.k = k
+        self.input_shape: tuple[int, ...] = ()
+        self.num_classes = 0
         self.reset()
 
     def reset(self) -> None:
         self.loss = self.images = self.log_probs = self.targets = None
 
     def update(self, images: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor) -> None:
-        loss = nn.functional.nll_loss(log_probs.float(), targets, reduction="none")
+        loss = nn.functional.nll_loss(log_probs, targets, reduction="none")
         loss = torch.where(log_probs.argmax(1) != targets, loss, torch.full_like(loss, -torch.inf))
-        images, log_probs = images.reshape(len(images), 1, 28, 28), log_probs.float()
         if self.loss is not None:
             loss, images = torch.cat([self.loss, loss]), torch.cat([self.images, images])
             log_probs, targets = torch.cat([self.log_probs, log_probs]), torch.cat([self.targets, targets])
@@ -45,8 +48,8 @@ class WorstMistakes:
         """Exactly k rows (padding has loss -inf), so every rank gathers tensors of one shape."""
         held = 0 if self.loss is None else len(self.loss)
         pad = self.k - held
-        blanks = [torch.full((pad,), -torch.inf, device=device), torch.zeros(pad, 1, 28, 28, device=device),
-                  torch.zeros(pad, NUM_CLASSES, device=device), torch.zeros(pad, dtype=torch.long, device=device)]
+        blanks = [torch.full((pad,), -torch.inf, device=device), torch.zeros(pad, *self.input_shape, device=device),
+                  torch.zeros(pad, self.num_classes, device=device), torch.zeros(pad, dtype=torch.long, device=device)]
         if held == 0:
             return blanks
         parts = [self.loss, self.images.float(), self.log_probs, self.targets]
@@ -61,7 +64,7 @@ class WorstMistakes:
         order = loss.argsort(descending=True)[: self.k]
         order = order[torch.isfinite(loss[order])]
         probs = log_probs[order].exp()
-        return {"images": images[order].cpu(), "predicted": probs.argmax(1).cpu(), "true": targets[order].cpu(),
+        return {"inputs": images[order].cpu(), "predicted": probs.argmax(1).cpu(), "true": targets[order].cpu(),
                 "confidence": probs.max(1).values.cpu()}
 
 
@@ -74,14 +77,14 @@ class TensorBoardFigures(Callback):
     """
 
     def __init__(self, worst_k: int = 32) -> None:
-        self.val_confusion = MulticlassConfusionMatrix(num_classes=NUM_CLASSES, validate_args=False)
-        self.test_confusion = MulticlassConfusionMatrix(num_classes=NUM_CLASSES, validate_args=False)
         self.worst = WorstMistakes(worst_k)
         self.drawing: threading.Thread | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.val_confusion.to(pl_module.device)
-        self.test_confusion.to(pl_module.device)
+        classes = pl_module.num_classes
+        self.val_confusion = MulticlassConfusionMatrix(num_classes=classes, validate_args=False).to(pl_module.device)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes=classes, validate_args=False).to(pl_module.device)
+        self.worst.input_shape, self.worst.num_classes = tuple(trainer.datamodule.input_shape), classes
 
     def _image(self, trainer: L.Trainer, tag: str, image: torch.Tensor) -> None:
         tensorboard = tensorboard_of(trainer)
@@ -91,7 +94,7 @@ class TensorBoardFigures(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == 0 and batch_idx == 0:
-            self._image(trainer, "train/first_batch", figures.batch_grid(batch[0]))
+            self._image(trainer, "train/first_batch", figures.batch_grid(trainer.datamodule.to_image(batch[0][:64])))
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -110,10 +113,11 @@ class TensorBoardFigures(Callback):
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
         self.test_confusion.update(outputs, batch[1])
-        self.worst.update(batch[0], outputs, batch[1])
+        self.worst.update(batch[0], torch.log_softmax(outputs.float(), dim=1), batch[1])
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         results = {"confusion": self.test_confusion.compute().cpu(), **self.worst.compute(pl_module)}
+        results["images"] = trainer.datamodule.to_image(results.pop("inputs"))
         tensorboard = tensorboard_of(trainer)
         if tensorboard is None or not trainer.is_global_zero:
             return

@@ -18,15 +18,15 @@ import optuna
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from project.training.build import build_datamodule
 from project.config.schema import RunConfig, load_yaml, resolve_config
-from project.training.console import quiet_lightning_info
-from project.recipe.data import MNISTDataModule
-from project.hardware.devices import expected_world_size
 from project.errors import NonFiniteLossError, UsageError, UserError
-from project.training.run import train
+from project.hardware.devices import expected_world_size
 from project.sweeps.storage import frozen_trial, open_storage, owner, retried_from, retry_dead_workers_trials
 from project.sweeps.workers import Worker
+from project.training.build import build_datamodule
+from project.training.console import quiet_lightning_info
+from project.training.run import train
+from project.training.tensor_data import TensorDataModule
 
 TYPES = ("float", "int", "categorical")
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
@@ -170,7 +170,7 @@ class Objective:
 
     def __init__(self, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any], folder: Path) -> None:
         self.fixed, self.params, self.base, self.folder = fixed, params, base, folder
-        self.datamodule: MNISTDataModule | None = None
+        self.datamodule: TensorDataModule | None = None
 
     def trial_config(self, values: dict[str, Any]) -> RunConfig:
         """The sweep's fixed settings, then this command's (data, logdir, ...), then the trial's sampled ones."""

@@ -1,4 +1,4 @@
-"""The three objects of a run, built from its ``RunConfig``: datamodule, LightningModule and Trainer."""
+"""The three objects of a run, built from its ``RunConfig``: the recipe's datamodule and module, and the Trainer."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
+from project.config.schema import LOGGERS, RECIPE, RunConfig
+from project.errors import UsageError
+from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
+from project.reliability.ddp_faults import OneFailureEndsTheJob
+from project.reliability.slurm import slurm_plugins
+from project.results.tensorboard_figures import TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
     EpochStats,
@@ -28,30 +34,25 @@ from project.training.callbacks import (
     QuietWarnings,
     ScheduleResumeCheck,
 )
-from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
-from project.config.schema import LOGGERS, RunConfig
-from project.recipe.data import MNISTDataModule
-from project.reliability.ddp_faults import OneFailureEndsTheJob
-from project.errors import UsageError
-from project.recipe.module import LitMNIST
-from project.reliability.slurm import slurm_plugins
+from project.training.classifier import ClassifierModule
 from project.training.steps_per_call import SharedStepCount, StepProgressBar
-from project.results.tensorboard_figures import TensorBoardFigures
+from project.training.tensor_data import TensorDataModule
 
 
-def build_datamodule(config: RunConfig) -> MNISTDataModule:
-    return MNISTDataModule(
+def build_datamodule(config: RunConfig) -> TensorDataModule:
+    return RECIPE.datamodule_class()(
         data_dir=config.data_dir, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
         num_workers=config.num_workers, pin_memory=config.pin_memory, val_size=config.val_size, seed=config.seed,
         loader=config.loader,
     )
 
 
-def build_model(config: RunConfig, steps_per_call: int = 1) -> LitMNIST:
-    model = LitMNIST(hidden=config.hidden, optimizer=config.optimizer, lr=config.lr, momentum=config.momentum,
-                     weight_decay=config.weight_decay, scheduler=config.scheduler,
-                     warmup_steps=config.warmup_steps, steps_per_call=steps_per_call,
-                     cuda_graphs=config.cuda_graphs)
+def build_model(config: RunConfig, steps_per_call: int = 1) -> ClassifierModule:
+    """The recipe's module: its own options from ``config``, and the engine's training settings."""
+    model = RECIPE.module_class()(**RECIPE.options_of(config), optimizer=config.optimizer, lr=config.lr,
+                                  momentum=config.momentum, weight_decay=config.weight_decay,
+                                  scheduler=config.scheduler, warmup_steps=config.warmup_steps,
+                                  steps_per_call=steps_per_call, cuda_graphs=config.cuda_graphs)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
@@ -104,7 +105,7 @@ class AppendingCSVLogger(CSVLogger):
 
 
 def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> list[Callback]:
-    """The template's callbacks; each is cheap next to the MLP's step.
+    """The template's callbacks; each is cheap next to a small model's step.
 
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.

@@ -10,9 +10,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.training.console import quiet_known_warnings
-from project.hardware.devices import peak_memory_mb
 from project.errors import NonFiniteLossError
+from project.hardware.devices import peak_memory_mb
+from project.training.console import quiet_known_warnings
 from project.training.plan import check_schedule_length
 
 NEVER = torch.iinfo(torch.int64).max

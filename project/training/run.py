@@ -13,13 +13,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
-from project.training.callbacks import EpochStats
-from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.config.schema import RunConfig
-from project.training.console import quiet_known_warnings
+from project.errors import Terminated, UsageError, UserError
 from project.hardware.cuda_graphs import check_cuda_graphs
-from project.recipe.data import MNISTDataModule
 from project.hardware.devices import (
     expected_world_size,
     peak_memory_mb,
@@ -27,9 +23,7 @@ from project.hardware.devices import (
     resolve_accelerator,
     resolve_hardware,
 )
-from project.errors import Terminated, UsageError, UserError
-from project.results.export import save_program, save_weights
-from project.training.plan import train_batches
+from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_files import (
     check_outputs_writable,
@@ -39,9 +33,15 @@ from project.reliability.run_files import (
     save_config,
     write_results,
 )
-from project.training.steps_per_call import plan_steps
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
+from project.results.export import save_program
 from project.results.tensorboard_figures import TensorBoardFigures
+from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
+from project.training.callbacks import EpochStats
+from project.training.console import quiet_known_warnings
+from project.training.plan import train_batches
+from project.training.steps_per_call import plan_steps
+from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
 
 
@@ -66,7 +66,9 @@ class RunResult:
     last_checkpoint: str | None = None
     run_dir: Path | None = None
     weights: Path | None = None
+    weights_kind: str = ""
     program: Path | None = None
+    program_input: str = ""
     config_file: Path | None = None
 
     def record(self) -> dict[str, object]:
@@ -89,12 +91,12 @@ class RunResult:
             f"steps per call {self.steps_per_call} ({self.steps_reason})",
         ]
         if self.program:
-            lines.append(f"portable program {self.program}  (torch.export.load(path).module(); ToTensor() pixels in)")
+            lines.append(f"portable program {self.program}  (torch.export.load(path).module(); {self.program_input})")
         if self.run_dir:
             lines += [
                 f"best checkpoint  {self.best_checkpoint}  (val/acc {self.best_val:.4f})",
                 f"last checkpoint  {self.last_checkpoint}",
-                f"weights          {self.weights}  (loads into the article's nn.Sequential)",
+                f"weights          {self.weights}  ({self.weights_kind})",
                 f"config           {self.config_file}  (--config reproduces this run)",
                 f"results          {self.run_dir / 'results.json'}",
                 f"TensorBoard      tensorboard --logdir {self.run_dir}",
@@ -106,7 +108,7 @@ def test_line(metrics: dict[str, float]) -> str:
     return f"test/acc {metrics.get('test/acc', math.nan):.4f}   test/loss {metrics.get('test/loss', math.nan):.4f}"
 
 
-def train(config: RunConfig, *, datamodule: MNISTDataModule | None = None, callbacks: Sequence[Callback] = (),
+def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, callbacks: Sequence[Callback] = (),
           test: bool = True, figures_in_background: bool = False,
           on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
@@ -231,9 +233,10 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
     """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
     result.run_dir = run_dir(trainer)
-    result.weights = save_weights(model.model, config.export or result.run_dir / "model.pth")
+    result.weights, result.weights_kind = model.export_weights(config.export or result.run_dir / "model.pth")
     if config.export_pt2:
-        result.program = save_program(model.model, config.export_pt2)
+        network, result.program_input = model.portable_network()
+        result.program = save_program(network, trainer.datamodule.input_shape, config.export_pt2)
     hparams = {**model.hparams, "batch_size": config.batch_size, "global_batch": result.global_batch,
                "max_epochs": config.max_epochs, "precision": config.precision, "seed": config.seed,
                "loader": config.loader, "world_size": result.world_size}

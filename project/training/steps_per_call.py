@@ -50,8 +50,10 @@ def why_one_step(config: RunConfig, world_size: int) -> str | None:
     return None
 
 
-def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device) -> tuple[int, str]:
-    """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time."""
+def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device,
+                          datamodule: Any = None) -> tuple[int, str]:
+    """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time
+    (of the recipe's model on a batch of ``datamodule``'s training split)."""
     reason = why_one_step(config, world_size)
     if config.steps_per_call != "auto":
         if reason and config.steps_per_call > 1:
@@ -61,7 +63,7 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
     if reason:
         return 1, f"auto: {reason}"
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
-        step = measure_step_seconds(config, device)
+        step = measure_step_seconds(config, datamodule, device)
     k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step))))
     return k, f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's per-step cost about " \
               f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
@@ -74,42 +76,47 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
     world_size = expected_world_size(config)
     shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
     k, reason = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
-                                      torch.device(resolve_accelerator(config.accelerator)))
-    if k > 1:
-        datamodule.setup("fit")
+                                      torch.device(resolve_accelerator(config.accelerator)), datamodule)
     # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
     datamodule.steps_per_call = k
     datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
     return k, reason
 
 
-def measure_step_seconds(config: RunConfig, device: torch.device, repeats: int = 5) -> float:
-    """Time of one forward, backward and SGD step of the run's MLP at its batch size, on its device.
+def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device, budget_s: float = 0.3,
+                         most: int = 200) -> float:
+    """Time of one training step of the run itself: the recipe's model and loss (``batch_loss``), on a batch
+    of its training data at its batch size, backward and an optimizer step, on its device and precision.
 
-    The fastest of a few, so that a busy machine's pauses do not count as the step's math.
+    The fastest of as many steps as fit in ``budget_s`` (at least 5): a busy machine's pauses come
+    and go, and a step that met none of them is the step's own cost.
     """
-    from project.recipe.model import MLP
+    from project.training.build import build_model
 
-    model = MLP(config.hidden).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    images = torch.randn(config.batch_size, 1, 28, 28, device=device)
-    targets = torch.randint(0, 10, (config.batch_size,), device=device)
-
-    def step() -> None:
-        loss = torch.nn.functional.nll_loss(model(images), targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    module = build_model(config.replace(compile=None, cuda_graphs=False)).to(device)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
+    size = min(config.batch_size, len(datamodule.train_set))
+    batch = [part.to(device) for part in datamodule.train_set.__getitems__(list(range(size)))]
+    mixed = str(config.precision).endswith("-mixed") or str(config.precision) in ("16", "bf16")
+    dtype = torch.float16 if device.type == "cuda" and str(config.precision).startswith("16") else torch.bfloat16
 
     def timed() -> float:
         started = time.perf_counter()
-        step()
+        with torch.autocast(device.type, dtype=dtype, enabled=mixed):
+            loss = module.batch_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - started
 
     timed()  # warm-up: allocations, kernel selection
-    return min(timed() for _ in range(repeats))
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < 5 or (time.perf_counter() < deadline and len(times) < most):
+        times.append(timed())
+    return min(times)
 
 
 def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
@@ -118,7 +125,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
     """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
 
     Each step calls the optimizer itself and counts itself in ``global_step``: Lightning's
-    per-step backward and optimizer hooks would cost more than an MLP's step. With a loss
+    per-step backward and optimizer hooks would cost more than a small model's step. With a loss
     scaler (16-mixed) steps go through ``manual_backward`` and Lightning's optimizer wrapper,
     which scale and unscale each one. The step loss and LR are logged for the last step, which
     is where groups end when a logging step is due, at the step Lightning uses. ``graphed``

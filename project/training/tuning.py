@@ -8,11 +8,11 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from project.training.build import global_batch, run_dir
 from project.config.schema import BASE_BATCH, RunConfig
-from project.recipe.data import MNISTDataModule
 from project.errors import UsageError
-from project.recipe.module import LitMNIST
+from project.training.build import global_batch, run_dir
+from project.training.classifier import ClassifierModule
+from project.training.tensor_data import TensorDataModule
 
 FINDER_TRIALS = 6  # doublings the batch-size finder tries
 BATCH_SIZE_CAP = 8192  # Lightning's own default ceiling for the finder
@@ -39,7 +39,7 @@ def check_tuning(config: RunConfig, world_size: int) -> None:
         raise UsageError("--find-batch-size and --find-lr need real training steps; drop --fast-dev-run")
 
 
-def tune(trainer: L.Trainer, model: LitMNIST, datamodule: MNISTDataModule, config: RunConfig) -> RunConfig:
+def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig) -> RunConfig:
     """Apply --find-batch-size, --find-lr and --scale-lr, in that order; return the config as trained.
 
     The returned config holds the batch size and LR found, with the tuner flags off, so that
@@ -63,7 +63,7 @@ def tune(trainer: L.Trainer, model: LitMNIST, datamodule: MNISTDataModule, confi
                           find_batch_size=False)
 
 
-def find_batch_size(tuner: Any, model: LitMNIST, datamodule: MNISTDataModule) -> None:
+def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
     """The largest batch that fits in memory, up to the one that keeps ``MIN_STEPS_PER_EPOCH``; the
     LR follows by the square-root rule (linear scaling overshoots on a fixed epoch budget)."""
     start, start_lr = datamodule.batch_size, model.hparams.lr
@@ -81,7 +81,7 @@ def find_batch_size(tuner: Any, model: LitMNIST, datamodule: MNISTDataModule) ->
                    f"lr {start_lr:g} x sqrt({found}/{start}) = {model.hparams.lr:.4g}")
 
 
-def find_lr(tuner: Any, model: LitMNIST, datamodule: MNISTDataModule, trainer: L.Trainer) -> None:
+def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, trainer: L.Trainer) -> None:
     """Lightning's LR range test, read for the run's schedule: a share of the edge where the loss
     turns up, not the steepest-slope point (which sits far below a good one-cycle peak)."""
     finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-4, max_lr=10.0, num_training=200,

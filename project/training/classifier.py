@@ -1,9 +1,15 @@
-"""The training recipe: steps, metrics, optimiser and schedule around the plain ``MLP``."""
+"""The engine's ``LightningModule`` for classifiers: steps, metrics, optimiser and schedule around any network.
+
+A recipe subclasses ``ClassifierModule`` with its own network (``project/recipe/model.py``) and, if it
+wants, its own loss and exported files; everything else here is the same for every recipe.
+"""
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+import os
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,17 +18,18 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project import NUM_CLASSES, OPTIMIZERS, SCHEDULERS
+from project import OPTIMIZERS, SCHEDULERS
+from project.errors import CheckpointError
 from project.hardware.cuda_graphs import GraphedStep
-from project.recipe.model import MLP
+from project.reliability.checkpointing import atomic_save
 from project.training.steps_per_call import run_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def accuracy_metric() -> MulticlassAccuracy:
+def accuracy_metric(num_classes: int) -> MulticlassAccuracy:
     # validate_args=False: the inputs are ours and well-formed; the checks cost a host sync per step.
-    return MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro", validate_args=False)
+    return MulticlassAccuracy(num_classes=num_classes, average="micro", validate_args=False)
 
 
 def default_warmup(total_steps: int) -> int:
@@ -49,19 +56,23 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-class LitMNIST(L.LightningModule):
-    """Classifies MNIST with the article's MLP, trained with ``NLLLoss`` on log-probabilities.
+class ClassifierModule(L.LightningModule):
+    """Trains ``network`` (any ``nn.Module`` from inputs to class scores) to classify ``num_classes`` classes.
 
-    ``batch_loss`` is the training logic of one batch. With ``steps_per_call`` K > 1, each
-    Lightning step gets K consecutive batches and takes one optimizer step per batch (manual
-    optimisation in ``project/training/steps_per_call.py``); with K = 1, Lightning's usual automatic
-    optimisation. Validation and test steps return their log-probabilities, so callbacks (the
-    figures) can use them without running the model again.
+    The network may return logits (the usual case; the default ``loss`` is cross-entropy) or
+    log-probabilities (override ``loss`` with NLL); wherever the engine needs probabilities it
+    takes ``log_softmax`` of the outputs, which is right for both (it leaves log-probabilities
+    unchanged). ``batch_loss`` is the training logic of one batch. With ``steps_per_call`` K > 1,
+    each Lightning step gets K consecutive batches and takes one optimizer step per batch (manual
+    optimisation in ``project/training/steps_per_call.py``); with K = 1, Lightning's usual
+    automatic optimisation. Validation and test steps return the network's outputs, so callbacks
+    (the figures) can use them without running the network again.
     """
 
     def __init__(
         self,
-        hidden: Sequence[int] = (128,),
+        network: nn.Module,
+        num_classes: int,
         optimizer: str = "sgd",
         lr: float = 0.2,
         momentum: float = 0.9,
@@ -76,18 +87,18 @@ class LitMNIST(L.LightningModule):
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
-        # Plain values only, so checkpoints load under torch.load(weights_only=True).
+        # Plain values only, so checkpoints load under torch.load(weights_only=True). The recipe's
+        # subclass saves its own options next to these, so that Class(**hparams) rebuilds it.
         self.save_hyperparameters(
-            {"hidden": [int(h) for h in hidden], "optimizer": optimizer, "lr": float(lr),
-             "momentum": float(momentum), "weight_decay": float(weight_decay), "scheduler": scheduler,
-             "warmup_steps": warmup_steps},
+            {"optimizer": optimizer, "lr": float(lr), "momentum": float(momentum),
+             "weight_decay": float(weight_decay), "scheduler": scheduler, "warmup_steps": warmup_steps},
             logger=False,
         )
-        self.model = MLP(hidden)
-        self.loss_fn = nn.NLLLoss()
-        self.train_acc, self.val_acc, self.test_acc = accuracy_metric(), accuracy_metric(), accuracy_metric()
+        self.model = network
+        self.num_classes = num_classes
+        self.train_acc, self.val_acc, self.test_acc = (accuracy_metric(num_classes) for _ in range(3))
         # No train loss metric: the step losses the logger writes are the training curve,
-        # and a per-step MeanMetric update would cost more than the MLP's own step.
+        # and a per-step MeanMetric update would cost more than a small model's own step.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
@@ -99,33 +110,37 @@ class LitMNIST(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The training and evaluation loss of the network's outputs: cross-entropy of logits."""
+        return nn.functional.cross_entropy(outputs, targets)
+
     def batch_loss(self, batch: Batch) -> torch.Tensor:
-        """The training logic of one batch (what to edit): its loss, and the training accuracy."""
+        """The training logic of one batch: its loss, and the training accuracy."""
         x, y = batch
-        log_probs = self.model(x)
-        loss = self.loss_fn(log_probs, y)
-        self.train_acc.update(log_probs.detach(), y)
+        outputs = self.model(x)
+        loss = self.loss(outputs, y)
+        self.train_acc.update(outputs.detach(), y)
         return loss
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if not self.automatic_optimization:
             return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.graphed_step)
         loss = self.batch_loss(batch)
-        # self.log costs more than the MLP's step: only the steps the logger writes pay for it.
+        # self.log costs more than a small model's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/loss", loss.detach(), prog_bar=True)
         return loss
 
     def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy) -> torch.Tensor:
         x, y = batch
-        log_probs = self.model(x)
-        loss.update(self.loss_fn(log_probs, y), weight=y.shape[0])
-        acc.update(log_probs, y)
+        outputs = self.model(x)
+        loss.update(self.loss(outputs, y), weight=y.shape[0])
+        acc.update(outputs, y)
         # Logging the metric objects: Lightning computes them at epoch end, synced across DDP
         # ranks, and resets them.
         self.log(f"{stage}/loss", loss, prog_bar=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
-        return log_probs
+        return outputs
 
     def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         return self._eval_step("val", batch, self.val_loss, self.val_acc)
@@ -135,7 +150,38 @@ class LitMNIST(L.LightningModule):
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self.model(x).exp()
+        return torch.softmax(self.model(x).float(), dim=1)
+
+    # ------------------------------------------------------------------ what the run leaves behind
+
+    def export_weights(self, path: str | os.PathLike) -> tuple[Path, str]:
+        """Write ``model.pth``; its path, and what it is (for the run's summary).
+
+        By default the network's own ``state_dict``: it loads into the recipe's ``nn.Module``
+        and takes inputs normalised as in training.
+        """
+        state = {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+        return atomic_save(state, path), f"the state_dict of {type(self.model).__name__}; normalised inputs, as in " \
+                                         "training"
+
+    def portable_network(self) -> tuple[nn.Module, str]:
+        """The network ``--export-pt2`` writes as a ``torch.export`` program, and what it takes as input."""
+        return copy.deepcopy(self.model).float().cpu().eval(), "normalised inputs, as in training"
+
+    @classmethod
+    def network_from_weights(cls, state: dict[str, torch.Tensor], source: str) -> nn.Module:
+        """A network for a ``model.pth`` that ``export_weights`` wrote, taking inputs as training gave them.
+
+        By default the recipe's network with its default options: a ``model.pth`` of other options
+        is refused (evaluate its checkpoint instead, which records them).
+        """
+        network = cls().model
+        try:
+            network.load_state_dict(state, strict=True)
+        except RuntimeError:
+            raise CheckpointError(f"{source}: its tensors do not fit {type(network).__name__} with the recipe's "
+                                  "default options; use the run's checkpoint (--ckpt) instead") from None
+        return network
 
     def on_train_epoch_end(self) -> None:
         self.log("train/acc", self.train_acc, prog_bar=True)

@@ -1,0 +1,299 @@
+"""The engine's ``LightningDataModule``: a dataset held as tensors on the run's device, batched by one gather.
+
+A recipe subclasses ``TensorDataModule`` and says what its data is (``input_shape``,
+``num_classes``, the normalisation) and how to load it (``load_tensors``; ``load_samples`` for the
+classic per-sample loader). The split, the samplers that make resume exact, steps per call and
+DDP sharding are the same for every recipe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
+
+from project import EVAL_BATCH_SIZE, LOADERS
+from project.errors import DataError, UsageError
+from project.training.plan import eval_batch_size
+from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """``--data-dir`` wins, then the ``DATA_DIR`` environment variable, then ``data/``."""
+    return Path(data_dir or os.environ.get("DATA_DIR") or "data")
+
+
+def split_indices(n: int, val_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded train/val indices; the same split as ``random_split`` with that seed."""
+    generator = torch.Generator().manual_seed(seed)
+    train, val = random_split(range(n), [n - val_size, val_size], generator)
+    return list(train.indices), list(val.indices)
+
+
+class TensorPairs(Dataset):
+    """A split held as two tensors; ``__getitems__`` makes each batch one indexed gather.
+
+    DataLoader calls ``__getitems__`` with the whole batch of indices, so a batch costs one
+    ``index_select`` instead of 64 ``__getitem__`` calls and a collate.
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        if len(inputs) != len(targets):
+            raise ValueError("inputs and targets differ in length")
+        self.inputs = inputs
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(indices, torch.Tensor):  # from EpochBatches: already on the data's device
+            index = indices
+        elif self.targets.is_cuda:  # a host list (DDP's sampler): copy it without making the host wait
+            index = torch.tensor(indices).pin_memory().to(self.targets.device, non_blocking=True)
+        else:
+            index = torch.as_tensor(indices)
+        return self.inputs.index_select(0, index), self.targets.index_select(0, index)
+
+    def to(self, device: torch.device) -> TensorPairs:
+        return TensorPairs(self.inputs.to(device), self.targets.to(device))
+
+
+def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate for ``TensorPairs``: ``__getitems__`` already returns a whole batch."""
+    return batch
+
+
+class TensorDataModule(L.LightningDataModule):
+    """Train/validation split of a training set (seeded), and a test set; what a subclass provides:
+
+    - ``input_shape``, ``num_classes``, ``mean`` and ``std`` (per channel, of the normalisation);
+    - ``load_tensors(train)``: the training or test set as ``(inputs, targets)``, inputs normalised;
+    - optionally ``prepare_data()`` (check or download files: one clear line for what is wrong),
+      ``load_samples(train)`` (a per-sample ``Dataset`` of unnormalised ``[0, 1]`` inputs, for
+      ``--loader torchvision``), ``read_image(path)`` and ``to_image(inputs)``.
+    """
+
+    input_shape: tuple[int, ...] = ()
+    num_classes: int = 0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    default_val_size: int | float = 0.1  # images, or a share of the training set
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike | None = None,
+        batch_size: int = 256,
+        eval_batch_size: int = EVAL_BATCH_SIZE,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        val_size: int | float | None = None,
+        seed: int = 0,
+        loader: str = "memory",
+    ) -> None:
+        super().__init__()
+        if loader not in LOADERS:
+            raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+        self.data_dir = resolve_data_dir(data_dir)
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.val_size = self.default_val_size if val_size is None else val_size
+        self.seed = seed
+        self.loader = loader
+        if loader != "memory" and type(self).load_samples is TensorDataModule.load_samples:
+            raise UsageError(f"--loader {loader}: this recipe's {type(self).__name__} has no per-sample dataset "
+                             "(load_samples); use --loader memory")
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self._resume_at: tuple[int, int] | None = None
+        self._train_sampler: EpochShuffleSampler | EpochBatches | None = None
+        # Optimizer steps per Lightning step, and the step counts at which a group must end.
+        self.steps_per_call = 1
+        self.group_ends_every: tuple[int, ...] = ()
+
+    # ------------------------------------------------------------------ what a recipe provides
+
+    def load_tensors(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training (``train=True``) or test set: normalised inputs ``(N, *input_shape)`` and class indices."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_tensors(train)")
+
+    def load_samples(self, train: bool) -> Dataset:
+        """The same set as a per-sample ``Dataset`` of ``([0, 1] input, class)``; normalised per batch."""
+        raise NotImplementedError
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``[0, 1]`` inputs ``(..., C, H, W)`` as the network sees them."""
+        if len(self.mean) == 1:
+            return (pixels - self.mean[0]) / self.std[0]
+        shape = (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
+        mean, std = torch.tensor(self.mean).view(shape), torch.tensor(self.std).view(shape)
+        return (pixels - mean.to(pixels.device)) / std.to(pixels.device)
+
+    def to_image(self, inputs: torch.Tensor) -> torch.Tensor:
+        """A batch of network inputs as ``(N, C, H, W)`` pixels in ``[0, 1]``, for the figures."""
+        pixels = inputs.detach().float().cpu().reshape(len(inputs), *self.input_shape)
+        if len(self.mean) == 1:
+            return (pixels * self.std[0] + self.mean[0]).clamp(0, 1)
+        shape = (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
+        return (pixels * torch.tensor(self.std).view(shape) + torch.tensor(self.mean).view(shape)).clamp(0, 1)
+
+    def read_image(self, path: str | os.PathLike) -> torch.Tensor:
+        """An image file as one network input: resized to ``input_shape``, normalised (``ImageError`` if unusable)."""
+        from project.results.image_files import read_resized
+
+        return self.normalize(read_resized(path, self.input_shape))
+
+    # ------------------------------------------------------------------ the engine's side
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch on one process (the last batch may be partial)."""
+        return -(-len(self.train_set) // self.batch_size)
+
+    def train_size(self) -> int:
+        """Samples in the training split (the training set less the validation split)."""
+        self.setup("fit")
+        return len(self.train_set)
+
+    def _load(self, train: bool) -> Dataset:
+        self.prepare_data()
+        if self.loader != "memory":
+            # Per-sample work is the classic path's cost, so samples stay unnormalised; normalising
+            # happens once per batch, on the device, in on_after_batch_transfer.
+            return self.load_samples(train)
+        inputs, targets = self.load_tensors(train)
+        if len(targets) and int(targets.max()) >= self.num_classes:
+            raise DataError(f"{self.data_dir}: label {int(targets.max())} is outside the recipe's "
+                            f"{self.num_classes} classes")
+        return TensorPairs(inputs, targets)
+
+    def validation_count(self, total: int) -> int:
+        """``val_size`` in samples: given as a count, or as a share of the training set."""
+        size = self.val_size
+        count = round(size * total) if isinstance(size, float) and size < 1 else int(size)
+        if not 0 < count < total:
+            raise DataError(f"val_size {size} must leave both splits non-empty: the training set has {total} samples")
+        return count
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_set is None:
+            full = self._load(train=True)
+            train, val = split_indices(len(full), self.validation_count(len(full)), self.seed)
+            self.train_set = self._materialise(Subset(full, train))
+            self.val_set = self._materialise(Subset(full, val))
+        if stage in (None, "test", "predict") and self.test_set is None:
+            self.test_set = self._load(train=False)
+
+    def _materialise(self, split: Dataset) -> Dataset:
+        """Gather a subset of tensors into its own tensors."""
+        if isinstance(split, Subset) and isinstance(split.dataset, TensorPairs):
+            split = TensorPairs(*split.dataset.__getitems__(split.indices))
+        return split
+
+    def _on_run_device(self, name: str) -> Dataset:
+        """The split, moved once to the device the run trains on.
+
+        Done when a loader is first asked for, not in ``setup()``: callbacks' ``setup`` (the GPU
+        memory cap among them) runs after the datamodule's, and the data must count against it.
+        """
+        split = getattr(self, name)
+        if split is None:
+            raise RuntimeError("setup() must run before the dataloaders are requested")
+        trainer = getattr(self, "trainer", None)
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        if isinstance(split, TensorPairs) and split.targets.device != device:
+            split = split.to(device)
+            setattr(self, name, split)
+        return split
+
+    def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
+        dataset = self._on_run_device(name)
+        trainer = getattr(self, "trainer", None)
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if isinstance(dataset, TensorPairs) and shuffle and world_size == 1:
+            return DataLoader(dataset, batch_sampler=self._train_batches(len(dataset), dataset.targets.device),
+                              collate_fn=keep_batch)
+        sampler: Sampler | None = None
+        if shuffle:
+            sampler = self._train_sampler = (EpochShardSampler(dataset, world_size, rank, self.seed)
+                                             if world_size > 1 else EpochShuffleSampler(dataset, self.seed))
+            if self._resume_at is not None:
+                sampler.resume(*self._resume_at)
+        elif world_size > 1:
+            sampler = EvalShardSampler(dataset, world_size, rank)
+        if isinstance(dataset, TensorPairs):
+            # Already a tensor (maybe on the GPU): workers and pinning would only add copies.
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=keep_batch)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+
+    def _train_batches(self, size: int, device: torch.device) -> EpochBatches:
+        """Index tensors on the data's device: one batch, or one group of batches, per Lightning step."""
+        trainer = getattr(self, "trainer", None)
+        position = (lambda: (trainer.current_epoch, trainer.global_step)) if trainer is not None else (lambda: (0, 0))
+        kind = StepGroups if self.steps_per_call > 1 else EpochBatches
+        batches = self._train_sampler = kind(size, self.batch_size, self.seed, device, position, self.steps_per_call,
+                                             self.group_ends_every)
+        if self._resume_at is not None:
+            batches.resume(*self._resume_at)
+        return batches
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.loader != "memory":
+            x, y = batch
+            return self.normalize(x), y
+        return batch
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train_set", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val_set", self._eval_batch_size("val", self.val_set), shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test_set", self._eval_batch_size("test", self.test_set), shuffle=False)
+
+    def _eval_batch_size(self, stage: str, split: Dataset | None) -> int:
+        trainer = getattr(self, "trainer", None)
+        if split is None or trainer is None:
+            return self.eval_batch_size
+        return eval_batch_size(self.eval_batch_size, getattr(trainer, f"limit_{stage}_batches"), stage, len(split),
+                               trainer.world_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where in the epoch's data order a checkpoint was taken, for an exact mid-epoch resume."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or not trainer.training:
+            return {}
+        batches = self._train_sampler
+        position = {"epoch": trainer.current_epoch, "world_size": trainer.world_size}
+        if isinstance(batches, EpochBatches):  # counted in optimizer steps, whichever K took them
+            done = (trainer.global_step - batches.epoch_start_step) * trainer.accumulate_grad_batches
+            return {**position, "samples_done": min(done * self.batch_size, batches.size)}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # on this rank, under DDP
+        return {**position, "samples_done": done * self.batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning may restore this before or after it asks for the train loader: both work."""
+        if "epoch" in state_dict:
+            self._resume_at = (int(state_dict["epoch"]), int(state_dict["samples_done"]))
+            if self._train_sampler is not None:
+                self._train_sampler.resume(*self._resume_at)
+
+
+def data_position(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """Where in the epoch's data order a checkpoint was taken (the datamodule's ``state_dict``), if it says."""
+    return next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)
