@@ -18,7 +18,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Option:
-    """One of the recipe's own hyperparameters (``hidden`` for an MLP, ``channels`` for a CNN).
+    """One of the recipe's own hyperparameters (layer widths, a CNN's channels, ...).
 
     It becomes a ``train.py`` flag, a config key and a sweep parameter, is saved with the run and
     checked on resume, and is passed to the ``LightningModule`` by name. ``check`` turns a flag's

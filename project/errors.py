@@ -48,7 +48,7 @@ class NonFiniteLossError(UserError):
 
 
 class ImageError(UserError):
-    """A file that is not a usable image of a digit."""
+    """A file the recipe cannot read as an input (not an image, unreadable, nothing in it)."""
 
 
 def _quiet_write_failures(args: threading.ExceptHookArgs) -> None:

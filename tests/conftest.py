@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CHECKPOINTED, RAW_NAMES, TWO_RANKS, make_tiny_mnist, newest_last_checkpoint, run_script, tiny_run
+from helpers import (
+    CHECKPOINTED,
+    RAW_NAMES,
+    TWO_RANKS,
+    make_bars,
+    make_tiny_mnist,
+    newest_last_checkpoint,
+    run_in,
+    run_script,
+    swapped_template,
+    tiny_run,
+)
 from services import Postgres, Slurm, postgres_server, slurm_cluster
 
 # The suite's workers and the scripts they start share two cores: one thread per process, not two
@@ -33,7 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
     session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
-        for fixture in ("default_run", "trained", "slurm", "uninterrupted_ddp", "storage"):
+        for fixture in ("default_run", "trained", "slurm", "uninterrupted_ddp", "storage", "second_recipe"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
@@ -105,3 +116,22 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert done.returncode == 0, done.stdout + done.stderr
     return {"data": data, "logs": root / "logs", "output": done.stdout, "stderr": done.stderr,
             "last": newest_last_checkpoint(root / "logs")}
+
+
+# The second recipe's runs: 320 training images of 3 x 12 x 16 in batches of 32 are 10 steps per epoch.
+BARS = ("--batch-size", "32", "--max-epochs", "4", "--lr", "0.05", "--log-every-n-steps", "2",
+        "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
+
+
+@pytest.fixture(scope="session")
+def second_recipe(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The template with ``tests/second_recipe`` (a CNN on coloured bars) swapped in for the MNIST recipe, its
+    data, and one run of it with steps per call 1 and a portable export, which the other runs compare with."""
+    root = tmp_path_factory.mktemp("second_recipe")
+    template, data, logs = swapped_template(root / "template"), make_bars(root / "data"), root / "logs"
+    done = run_in(template, "train.py", "--data-dir", str(data), "--logdir", str(logs), *BARS,
+                  "--steps-per-call", "1", "--export-pt2", str(root / "model.pt2"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = logs / "bars" / "version_0"
+    return {"template": template, "data": data, "root": root, "run": run, "output": done.stdout,
+            "results": json.loads((run / "results.json").read_text()), "pt2": root / "model.pt2"}

@@ -53,6 +53,43 @@ def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int 
     return root
 
 
+def make_bars(root: Path, n_train: int = 400, n_test: int = 100, seed: int = 0) -> Path:
+    """The second recipe's data (``tests/second_recipe``): a bar of random colour on noise, 3 x 12 x 16;
+    its class is where the bar is (top, bottom, left, right), except for 8 % of labels, drawn at random (so
+    that even a good model makes mistakes to show). Saved as tensors, not IDX files."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    folder = root / "bars"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.pt", n_train), ("test.pt", n_test)):
+        labels = torch.randint(0, 4, (n,), generator=generator)
+        images = torch.randint(0, 150, (n, 3, 12, 16), generator=generator, dtype=torch.uint8)
+        colours = torch.randint(90, 256, (n, 3), generator=generator, dtype=torch.uint8)
+        shifts = torch.randint(0, 2, (n,), generator=generator)
+        for i, (k, shift) in enumerate(zip(labels.tolist(), shifts.tolist(), strict=True)):
+            bar = images[i, :, 1 + shift: 3 + shift, 2:14] if k == 0 else \
+                images[i, :, 8 + shift: 10 + shift, 2:14] if k == 1 else \
+                images[i, :, 1:11, 2 + shift: 4 + shift] if k == 2 else images[i, :, 1:11, 11 + shift: 13 + shift]
+            bar[:] = colours[i].view(3, 1, 1)
+        noisy = torch.rand(n, generator=generator) < 0.08
+        labels[noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=generator)
+        torch.save((images, labels), folder / name)
+    return root
+
+
+def swapped_template(dest: Path, recipe: Path = ROOT / "tests" / "second_recipe") -> Path:
+    """A copy of the template with ``recipe`` in place of ``project/recipe/``, as a user would swap it."""
+    import shutil
+
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("project", "scripts", "tests"):
+        shutil.copytree(ROOT / folder, dest / folder, ignore=ignore)
+    shutil.rmtree(dest / "project" / "recipe")
+    shutil.copytree(recipe, dest / "project" / "recipe", ignore=ignore)
+    return dest
+
+
 def run_script(script: str, *args: str, timeout: float = 300, env: dict | None = None,
                cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` in a fresh interpreter, as a user would."""
@@ -61,6 +98,13 @@ def run_script(script: str, *args: str, timeout: float = 300, env: dict | None =
         [sys.executable, str(ROOT / "scripts" / script), *args],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT,
     )
+
+
+def run_in(template: Path, script: str, *args: str, timeout: float = 300,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder."""
+    return subprocess.run([sys.executable, str(template / "scripts" / script), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=template)
 
 
 def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -141,11 +185,11 @@ def write_transformed_digits(data_dir: Path, out: Path, count: int = 200, seed: 
     return labels
 
 
-def newest_last_checkpoint(logdir: Path) -> dict:
-    """The ``last.ckpt`` of the newest ``version_N`` run under ``logdir/mnist``."""
+def newest_last_checkpoint(logdir: Path, name: str = "mnist") -> dict:
+    """The ``last.ckpt`` of the newest ``version_N`` run under ``logdir/name``."""
     import torch
 
-    newest = max((logdir / "mnist").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    newest = max((logdir / name).iterdir(), key=lambda p: int(p.name.split("_")[1]))
     return torch.load(newest / "checkpoints" / "last.ckpt", weights_only=True)
 
 
@@ -153,15 +197,20 @@ def assert_same_training_state(a: dict, b: dict) -> None:
     """Two checkpoints hold bitwise the same training: step, weights, optimizer, schedule, data position."""
     import torch
 
+    from project.training.tensor_data import data_position
+
     assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
     for key in a["state_dict"]:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    assert a["optimizer_states"][0]["state"].keys() == b["optimizer_states"][0]["state"].keys()
     for state_a, state_b in zip(a["optimizer_states"][0]["state"].values(),
                                 b["optimizer_states"][0]["state"].values(), strict=True):
+        assert state_a.keys() == state_b.keys()
         for name in state_a:
             assert torch.equal(state_a[name], state_b[name]), name
     assert a["lr_schedulers"] == b["lr_schedulers"]
-    assert a["MNISTDataModule"] == b["MNISTDataModule"]  # the same place in the epoch's data order
+    assert data_position(a) == data_position(b)  # the same place in the epoch's data order
 
 
 def fill_file_system(path: Path) -> None:

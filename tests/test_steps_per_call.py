@@ -115,3 +115,37 @@ def test_resuming_from_the_end_of_an_epoch_gives_the_uninterrupted_state(data, t
     first = train(tiny_config(data, tmp_path / "first", steps_per_call=written_with, max_epochs=1, **settings))
     _, resumed = run(data, tmp_path / "resumed", k, resume=first.last_checkpoint, **settings)
     assert_same_training_state(uninterrupted, resumed)
+
+
+def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_mnist, monkeypatch):
+    """The measured step is the recipe's ``batch_loss`` on the run's batch; pauses that come and go (a busy
+    machine) do not count, a step that is always slow does."""
+    import time
+    from pathlib import Path
+
+    from project.recipe.model import LitMNIST
+    from project.training import steps_per_call
+    from project.training.build import build_datamodule
+
+    config = tiny_config(shared_tiny_mnist, Path("unused"), batch_size=16)
+    datamodule = build_datamodule(config)
+    datamodule.setup("fit")
+    seen, calls = [], []
+    real_batch_loss = LitMNIST.batch_loss
+
+    def batch_loss(module, batch):
+        seen.append(tuple(batch[0].shape))
+        calls.append(None)
+        if len(calls) <= 4:  # the first steps meet a busy machine
+            time.sleep(0.05)
+        return real_batch_loss(module, batch)
+
+    monkeypatch.setattr(LitMNIST, "batch_loss", batch_loss)
+    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
+    assert quick < 0.02 and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
+    monkeypatch.setattr(LitMNIST, "batch_loss", lambda module, batch: (time.sleep(0.03), real_batch_loss(
+        module, batch))[1])
+    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
+    assert slow >= 0.03
+    k, why = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule)
+    assert k == 1 and "a step's math takes" in why  # 30 ms of math: Lightning's 1 ms is not worth grouping

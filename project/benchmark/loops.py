@@ -225,5 +225,5 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
         with counting_syncs(torch.device(resolve_accelerator(args.accelerator))) as caught:
             result = train(config, datamodule=data.datamodule(loader))
     return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
-            "steps_per_call": result.steps_per_call,
+            "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

@@ -11,11 +11,29 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from project.errors import UsageError
+
+
+def export_program(network: nn.Module, input_shape: tuple[int, ...]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``network`` for batches of ``input_shape`` of any size; one line if it cannot be."""
+    example = torch.rand(2, *input_shape)
+    try:
+        return torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    except Exception as err:  # noqa: BLE001 - torch.export fails in many ways; each means the same here
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise UsageError(f"--export-pt2: torch.export cannot export {type(network).__name__} ({first}); "
+                         "drop --export-pt2 or make the network exportable") from None
+
+
+def check_exportable(module: nn.Module, input_shape: tuple[int, ...]) -> None:
+    """Before training: ``--export-pt2`` refused now, not after the run's work is done."""
+    network, _ = module.portable_network()
+    export_program(network, input_shape)
+
 
 def save_program(network: nn.Module, input_shape: tuple[int, ...], path: str | os.PathLike) -> Path:
-    """``torch.export`` ``network`` for batches of ``input_shape`` (any batch size), written atomically."""
-    example = torch.rand(2, *input_shape)
-    program = torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    """The ``torch.export`` program of ``network``, written atomically."""
+    program = export_program(network, input_shape)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.stem}.tmp.pt2")  # torch.export wants the .pt2 suffix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-# Harmless for this template: the in-memory loader needs no workers, a 5,000-image validation
+# Harmless for this template: the in-memory loader needs no workers, a small validation
 # set gives fewer batches than the logging interval, Lightning's own use of a torch API that
 # torch has deprecated is not ours to fix, and with several steps per call a checkpoint is
 # meant to hold the state after its step. The test suite applies the same list.

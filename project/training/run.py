@@ -34,7 +34,7 @@ from project.reliability.run_files import (
     write_results,
 )
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
-from project.results.export import save_program
+from project.results.export import check_exportable, save_program
 from project.results.tensorboard_figures import TensorBoardFigures
 from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
 from project.training.callbacks import EpochStats
@@ -137,6 +137,8 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
     model = build_model(config, steps_per_call)
     load_initial_weights(model, config)
+    if config.export_pt2:
+        check_exportable(model, datamodule.input_shape)
     config = claim_run_folder(config)  # after every refusal: a refused run writes nothing
     with stop_signals() as signals:
         stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
