@@ -16,7 +16,6 @@ from lightning.pytorch.callbacks import (
     EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
-    TQDMProgressBar,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
@@ -31,6 +30,7 @@ from project.training.callbacks import (
     EpochStats,
     FiniteLossGuard,
     GpuMemoryFraction,
+    LoggedLossBar,
     QuietWarnings,
     ScheduleResumeCheck,
 )
@@ -115,7 +115,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
     if animated_progress(config):
-        callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else TQDMProgressBar(refresh_rate=25))
+        callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else LoggedLossBar())
     elif "enable_progress_bar" not in config.trainer:
         callbacks.append(EpochLines())
     if config.fast_dev_run:

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from project.errors import NonFiniteLossError
 from project.hardware.devices import peak_memory_mb
@@ -88,6 +88,36 @@ class EpochLines(Callback):
             values = "".join(f"  {key} {metrics[key]:.4f}" for key in self.KEYS if key in metrics)
             print(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}{values}  "
                   f"{seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+class LoggedLossBar(TQDMProgressBar):
+    """Lightning's progress bar, showing the ``train/loss`` the logger wrote at the last logging step.
+
+    The step loss is logged without ``prog_bar=True``: Lightning converts every progress-bar value
+    to a Python number after every step (on a GPU, a host sync per step, even when nothing was
+    logged). Read here only at logging steps, where the logger has made the host wait anyway.
+    """
+
+    def __init__(self, refresh_rate: int = 25) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.logged_loss: float | None = None
+
+    def remember_logged_loss(self, trainer: L.Trainer) -> None:
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            value = trainer.callback_metrics.get("train/loss")
+            if value is not None:
+                self.logged_loss = float(value)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.remember_logged_loss(trainer)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        if self.logged_loss is not None:
+            metrics["train/loss"] = f"{self.logged_loss:.3f}"
+        return metrics
 
 
 class QuietWarnings(Callback):

@@ -128,7 +128,7 @@ class ClassifierModule(L.LightningModule):
         loss = self.batch_loss(batch)
         # self.log costs more than a small model's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            self.log("train/loss", loss.detach(), prog_bar=True)
+            self.log("train/loss", loss.detach())  # not prog_bar: see LoggedLossBar
         return loss
 
     def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy) -> torch.Tensor:

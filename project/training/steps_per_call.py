@@ -18,10 +18,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback
 
 from project.config.schema import RunConfig
 from project.errors import UsageError
+from project.training.callbacks import LoggedLossBar
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
@@ -159,7 +160,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
             scheduler.step()
         losses.append(loss.detach())
     if trainer.global_step % trainer.log_every_n_steps == 0:
-        module.log("train/loss", losses[-1], prog_bar=True)
+        module.log("train/loss", losses[-1])  # not prog_bar: see LoggedLossBar
         module.log(f"lr-{type(optimizer.optimizer).__name__}", lr)
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
     trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
@@ -216,8 +217,8 @@ class SharedStepCount(Callback):
                 counts[key] += shift
 
 
-class StepProgressBar(TQDMProgressBar):
-    """Lightning's progress bar, counting optimizer steps rather than Lightning steps."""
+class StepProgressBar(LoggedLossBar):
+    """The progress bar, counting optimizer steps rather than Lightning steps."""
 
     def __init__(self, steps_per_epoch: int, refresh_rate: int = 25) -> None:
         super().__init__(refresh_rate=refresh_rate)
@@ -234,6 +235,7 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self.remember_logged_loss(trainer)
         done = trainer.global_step - self._epoch_start
         bar = self.train_progress_bar
         if done == self.steps_per_epoch or done // self.refresh_rate > bar.n // self.refresh_rate:

@@ -134,19 +134,21 @@ class TensorDataModule(L.LightningDataModule):
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """``[0, 1]`` inputs ``(..., C, H, W)`` as the network sees them."""
-        if len(self.mean) == 1:
-            return (pixels - self.mean[0]) / self.std[0]
-        shape = (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
-        mean, std = torch.tensor(self.mean).view(shape), torch.tensor(self.std).view(shape)
-        return (pixels - mean.to(pixels.device)) / std.to(pixels.device)
+        mean, std = self._per_channel(pixels.device)
+        return (pixels - mean) / std
 
     def to_image(self, inputs: torch.Tensor) -> torch.Tensor:
         """A batch of network inputs as ``(N, C, H, W)`` pixels in ``[0, 1]``, for the figures."""
+        mean, std = self._per_channel(torch.device("cpu"))
         pixels = inputs.detach().float().cpu().reshape(len(inputs), *self.input_shape)
+        return (pixels * std + mean).clamp(0, 1)
+
+    def _per_channel(self, device: torch.device) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+        """``mean`` and ``std`` shaped to broadcast over ``(C, H, W)``: plain numbers for one channel."""
         if len(self.mean) == 1:
-            return (pixels * self.std[0] + self.mean[0]).clamp(0, 1)
+            return self.mean[0], self.std[0]
         shape = (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
-        return (pixels * torch.tensor(self.std).view(shape) + torch.tensor(self.mean).view(shape)).clamp(0, 1)
+        return torch.tensor(self.mean, device=device).view(shape), torch.tensor(self.std, device=device).view(shape)
 
     def read_image(self, path: str | os.PathLike) -> torch.Tensor:
         """An image file as one network input: resized to ``input_shape``, normalised (``ImageError`` if unusable)."""

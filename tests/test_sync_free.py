@@ -1,0 +1,91 @@
+"""No tensor becomes a Python number between logging steps: on a GPU each would be a host sync.
+
+Checked on CPU by counting every conversion (``item``, ``float``, ``int``, ``bool``, ``tolist``) of
+any tensor, made anywhere (Lightning's loop, its progress bar
+and logger connector, the callbacks, the template) from the start of a training step to the start
+of the next, at default settings with the progress bar on. The GPU test (``tests/test_gpu.py``)
+checks the same with CUDA's sync debug mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+
+import lightning as L
+import pytest
+import torch
+
+from helpers import tiny_config
+from project.training import build
+from project.training.callbacks import FiniteLossGuard
+from project.training.run import train
+
+CONVERSIONS = ("item", "__float__", "__int__", "__bool__", "tolist", "__index__")
+# Tensors that stay on the host in every run: a DataLoader iterator draws its base seed from a CPU generator.
+HOST_ONLY = "torch/utils/data/dataloader.py"
+
+
+class ConversionCounter(L.Callback):
+    """Which training step (the ``global_step`` it ends at) each tensor-to-number conversion happened in."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None  # None outside training steps: validation, epoch ends, setup
+        self.pending: list[str] = []  # in the Lightning step under way, whose last optimizer step is not known yet
+        self.seen: list[tuple[int, str]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        self.step, self.pending = -1, []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        # The step's conversions, and those of the loop's bookkeeping until the next step (the logger and the
+        # progress bar's values come after this hook), belong to the step it ended at.
+        self.seen += [(trainer.global_step, where) for where in self.pending]
+        self.step = trainer.global_step
+
+    def on_train_epoch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.step = None
+
+    def on_validation_start(self, trainer: L.Trainer, *args: object) -> None:
+        self.step = None
+
+    def record(self) -> None:
+        if self.step is None:
+            return
+        caller = traceback.extract_stack(limit=3)[0]
+        where = f"{caller.filename.split('site-packages/')[-1]}:{caller.lineno}"
+        if where.startswith(HOST_ONLY):
+            return
+        if self.step == -1:
+            self.pending.append(where)
+        else:
+            self.seen.append((self.step, where))
+
+
+@pytest.fixture
+def counter(monkeypatch: pytest.MonkeyPatch) -> ConversionCounter:
+    counting = ConversionCounter()
+    for name in CONVERSIONS:
+        original = getattr(torch.Tensor, name)
+
+        def converted(self: torch.Tensor, *args: object, _original=original) -> object:
+            counting.record()
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, converted)
+    return counting
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_no_conversion_between_logging_steps(shared_tiny_mnist, tmp_path, counter, steps_per_call, monkeypatch):
+    # The non-finite-loss guard checks CPU losses at once (free on the host); on an accelerator it keeps a
+    # flag on the device and looks at logging steps. Take that path here.
+    monkeypatch.setattr(build, "FiniteLossGuard", functools.partial(FiniteLossGuard, deferred=True))
+    log_every = 3
+    config = tiny_config(shared_tiny_mnist, tmp_path, max_epochs=2, log_every_n_steps=log_every,
+                         steps_per_call=steps_per_call, trainer={"enable_progress_bar": True})
+    train(config, callbacks=[counter], test=False)
+    # 200 training images in batches of 32: 7 steps an epoch; the steps that end at 3, 6, 9, 12 are logged.
+    assert counter.seen, "no conversion at all: the counter is not wired in"
+    between = [(step, where) for step, where in counter.seen if step % log_every != 0]
+    assert not between, between
