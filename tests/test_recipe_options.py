@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -93,3 +94,24 @@ def test_planned_steps_follow_lightnings_rules_and_an_empty_limit_is_refused() -
     assert planned_steps(RunConfig(batch_size=32, trainer={"max_steps": 5}), 200, 1) == 5
     with pytest.raises(UsageError, match="0.01 of 7 batches per epoch is none; use at least 0.143"):
         train_batches(RunConfig(batch_size=32, trainer={"limit_train_batches": 0.01}), 200, 1)
+
+
+class MomentumSeen(L.Callback):
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        self.values.append(float(trainer.optimizers[0].param_groups[0]["momentum"]))
+
+
+@pytest.mark.parametrize(("momentum", "expected"), [(0.9, (0.85, 0.95)), (0.0, (0.0, 0.0))])
+def test_one_cycle_cycles_the_momentum_unless_it_is_zero(tiny_mnist: Path, tmp_path: Path, momentum: float,
+                                                         expected: tuple[float, float]) -> None:
+    """What the README says trains by default: under one-cycle SGD's momentum runs 0.95 -> 0.85 -> 0.95."""
+    seen = MomentumSeen()
+    train(tiny_config(tiny_mnist, tmp_path, max_epochs=2, momentum=momentum, steps_per_call=1), callbacks=[seen],
+          test=False)
+    assert min(seen.values) == pytest.approx(expected[0], abs=1e-3)
+    assert max(seen.values) == pytest.approx(expected[1], abs=1e-3)
+    if momentum:
+        assert seen.values[0] == pytest.approx(0.95, abs=1e-3) and seen.values[-1] > seen.values[len(seen.values) // 2]

@@ -74,7 +74,9 @@ def test_groups_follow_the_steps_that_must_stay_exact():
 def test_runs_that_count_lightning_steps_take_one_step_per_call():
     cpu = torch.device("cpu")
     for settings, reason in [({"trainer": {"accumulate_grad_batches": 2}}, "--trainer.accumulate_grad_batches"),
-                             ({"fast_dev_run": True}, "--fast-dev-run"), ({"find_lr": True}, "tuners")]:
+                             ({"fast_dev_run": True}, "--fast-dev-run"), ({"find_lr": True}, "tuners"),
+                             ({"strategy": "fsdp"}, "--strategy fsdp wraps the model's forward"),
+                             ({"strategy": "deepspeed_stage_2"}, "--strategy deepspeed_stage_2 wraps")]:
         k, why = choose_steps_per_call(RunConfig(**settings), 1, cpu)
         assert k == 1 and reason in why
         with pytest.raises(UsageError, match=r"--steps-per-call 8: not possible here"):
@@ -92,9 +94,12 @@ def test_cuda_graphs_are_refused_where_they_cannot_be_the_same_training():
         (RunConfig(cuda_graphs=True), "cpu", 8, "needs --accelerator gpu"),
         (RunConfig(cuda_graphs=True), "cuda", 1, "needs --steps-per-call 2 or more"),
         (RunConfig(cuda_graphs=True, precision="16-mixed"), "cuda", 8, "cannot capture mixed precision"),
+        (RunConfig(cuda_graphs=True), "cuda", 8, "--scheduler onecycle: one-cycle changes the momentum"),
     ]:
         with pytest.raises(UsageError, match=message):
             check_cuda_graphs(config, accelerator, k)
+    for scheduler in ("cosine", "none"):  # the LR is a tensor the captured step reads: these schedules are exact
+        check_cuda_graphs(RunConfig(cuda_graphs=True, scheduler=scheduler), "cuda", 8)
 
 
 @pytest.mark.parametrize(("written_with", "k"), [(1, 1), (1, 8), (8, 1)])

@@ -84,7 +84,8 @@ class EngineSettings:
     eval_batch_size: int = setting(EVAL_BATCH_SIZE, positive_int, "per device, for validation and test", "recipe")
     optimizer: str = setting("sgd", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
     lr: float = setting(0.2, positive_float, "peak LR under onecycle", "recipe")
-    momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0)", "recipe")
+    momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0); under onecycle, "
+                                     "the momentum cycles 0.95-0.85-0.95 instead (0 turns it off)", "recipe")
     weight_decay: float = setting(5e-4, non_negative_float, "", "recipe")
     scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
                              "per optimizer step", "recipe")

@@ -33,6 +33,11 @@ def check_cuda_graphs(config: RunConfig, accelerator: str, steps_per_call: int) 
     if config.precision.endswith("-mixed"):
         raise UsageError("--cuda-graphs cannot capture mixed precision (autocast's cache, the loss scaler); "
                          "use --precision 32 or bf16-true")
+    if config.scheduler == "onecycle":
+        # OneCycleLR writes momentum (Adam's betas) into the optimizer as Python numbers every step; a captured
+        # step keeps the value it was captured with. The LR alone is a tensor the schedule updates in place.
+        raise UsageError("--cuda-graphs with --scheduler onecycle: one-cycle changes the momentum every step, which a "
+                         "captured step cannot see; use --scheduler cosine or none")
 
 
 class _Recorder:

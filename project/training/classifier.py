@@ -215,7 +215,11 @@ class ClassifierModule(L.LightningModule):
             warmup = hp.get("warmup_steps")
             scheduler: Any = WarmupCosine(optimizer, total, default_warmup(total) if warmup is None else warmup)
         else:
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=total)
+            # One-cycle also cycles SGD's momentum (0.95 -> 0.85 -> 0.95, PyTorch's defaults) against the LR,
+            # in place of --momentum; --momentum 0 keeps plain SGD without momentum.
+            cycle = hp.optimizer != "sgd" or hp.momentum > 0
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=total,
+                                                            cycle_momentum=cycle)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def optimizer_steps(self) -> int:

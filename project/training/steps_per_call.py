@@ -29,6 +29,8 @@ AUTO_MAX = 64
 # scripts/benchmark.py, per step, on the 2-core CPU (1.1 ms at batch 64, 1.2 ms at 256); auto
 # chooses K so that it is at most ~5 % of K steps' math.
 LIGHTNING_STEP_OVERHEAD_S = 1e-3
+# Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
+WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
 # Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
 COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                           "limit_train_batches", "max_steps", "min_steps", "overfit_batches", "val_check_interval",
@@ -39,6 +41,10 @@ def why_one_step(config: RunConfig, world_size: int) -> str | None:
     """Why this run must take one optimizer step per Lightning step (None if it need not)."""
     if world_size > 1:
         return "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"
+    wrapping = next((name for name in WRAPS_THE_FORWARD if name in str(config.strategy).lower()), None)
+    if wrapping:
+        return f"--strategy {config.strategy} wraps the model's forward, and a Lightning step must be one forward " \
+               "and backward of it"
     if config.fast_dev_run:
         return "--fast-dev-run runs one batch per stage"
     if config.wants_tuner:
