@@ -140,11 +140,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def one_line_error(stderr: str, prog: str = "train.py") -> str:
-    """The single error line a script printed; fails if there is a traceback or more than one line."""
+# What a run prints on stderr before it fails mid-training: Lightning's device lines, then its epoch lines.
+RUN_STARTED = (r"GPU available: ", r"TPU available: ", r"epoch \d+/\d+  step \d+ ")
+
+
+def one_line_error(stderr: str, prog: str = "train.py", after: tuple[str, ...] = ()) -> str:
+    """The error a script printed: exactly one line, and nothing else on stderr but lines matching ``after``
+    (patterns of what a run prints before it fails, e.g. ``RUN_STARTED``); no traceback."""
     lines = stderr.strip().splitlines()
     assert "Traceback" not in stderr, stderr
     assert lines and lines[-1].startswith(f"{prog}: error: "), stderr
+    others = [line for line in lines[:-1] if not any(re.match(pattern, line) for pattern in after)]
+    assert not others, f"more than the one error line: {others}"
     return lines[-1]
 
 

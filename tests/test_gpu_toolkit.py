@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from helpers import event_accumulator, one_line_error, run_script, tiny_config, tiny_run
+from helpers import RUN_STARTED, event_accumulator, one_line_error, run_script, tiny_config, tiny_run
 from project.config.schema import RunConfig
 from project.errors import NonFiniteLossError, UsageError
 from project.hardware.devices import resolve_hardware
@@ -142,4 +142,4 @@ def test_diverging_training_stops_before_any_checkpoint_holds_broken_weights(sha
 def test_divergence_from_the_command_line_is_one_line_exit_1(shared_tiny_mnist, tmp_path):
     done = tiny_run(shared_tiny_mnist, tmp_path / "logs", "--max-epochs", "3", "--lr", "1e6", "--scheduler", "none")
     assert done.returncode == 1
-    assert "training loss became non-finite at epoch 0, step" in one_line_error(done.stderr)
+    assert "training loss became non-finite at epoch 0, step" in one_line_error(done.stderr, after=RUN_STARTED)
