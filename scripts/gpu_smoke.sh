@@ -1,18 +1,64 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: the `gpu` tests, then the benchmark at batch 64 and 1024 (a few minutes).
+# The whole GPU check in one command, for the first machine with a CUDA GPU (about 6-8 minutes):
+#   1. the environment (a .venv is made as the README says if there is none) and check_gpu.py --bench;
+#   2. every test marked `gpu` (pytest -m gpu over the whole suite), with a JUnit report;
+#   3. the default recipe on the GPU (scripts/train.py) and with --precision 16-mixed;
+#   4. the benchmark at batch 64 (fp32) and 1024 (16-mixed).
+# Each step runs even if one before it failed; a table at the end says which passed, and the exit
+# code is the number that failed. Six files go to $OUT (the device tool's folder) or benchmark-results/:
+# gpu-check.log (everything printed), gpu-tests.xml, and each benchmark's .json and .md.
 # Offline, MNIST comes from ../shared/data (or DATA_DIR) instead of a download.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
+OUT_DIR=${OUT:-benchmark-results}
+WORK=$(mktemp -d)  # runs and benchmark folders: many files, of which the reports are copied out
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu-check.log"
+: >"$LOG"
 if [ -z "${DATA_DIR:-}" ] && [ -d ../shared/data/MNIST/raw ]; then
     DATA_DIR="$(cd ../shared/data && pwd)"
     export DATA_DIR
 fi
-OUT_DIR=${OUT:-benchmark-results}
-"$PY" scripts/check_gpu.py --bench
-"$PY" -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py
-"$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 --only hand,bare,template-k1,template-auto \
-    --no-time-to-accuracy --out "$OUT_DIR/gpu-64"
-"$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 --precision 16-mixed \
-    --only hand,template-k1,template-auto --no-time-to-accuracy --out "$OUT_DIR/gpu-1024-16mixed"
+PY=${PY:-.venv/bin/python}
+if [ ! -x "$PY" ]; then
+    python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q -e ".[dev]" || exit 99
+    PY=.venv/bin/python
+fi
+
+declare -a NAMES RESULTS
+step() {  # step NAME COMMAND...: run it, append its output to the log, remember how it ended
+    local name=$1 started=$SECONDS
+    shift
+    echo "=== $name: $*" | tee -a "$LOG"
+    "$@" 2>&1 | tee -a "$LOG"
+    local status=${PIPESTATUS[0]}
+    NAMES+=("$name")
+    RESULTS+=("$([ "$status" -eq 0 ] && echo passed || echo "FAILED (exit $status)") in $((SECONDS - started)) s")
+}
+
+step check-gpu "$PY" scripts/check_gpu.py --bench
+step gpu-tests "$PY" -m pytest -m gpu -v -p no:cacheprovider -rs --junitxml="$OUT_DIR/gpu-tests.xml" tests
+step train-default "$PY" scripts/train.py --accelerator gpu --logdir "$WORK/runs"
+step train-16-mixed "$PY" scripts/train.py --accelerator gpu --precision 16-mixed --logdir "$WORK/runs"
+step benchmark-64 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 \
+    --only hand,bare,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-64"
+step benchmark-1024 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 --precision 16-mixed \
+    --only hand,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-1024"
+for size in 64 1024; do
+    for kind in json md; do cp "$WORK/gpu-$size/benchmark.$kind" "$OUT_DIR/benchmark-$size.$kind" 2>/dev/null; done
+done
+
+failed=0
+{
+    echo
+    echo "=== GPU check: $(date -u +%FT%TZ), $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU")')"
+    for i in "${!NAMES[@]}"; do
+        printf '%-16s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+    done
+    grep "^test/acc\|passed\|failed" "$LOG" | grep -v "^===" | tail -n 8
+} | tee -a "$LOG"
+for result in "${RESULTS[@]}"; do
+    case "$result" in FAILED*) failed=$((failed + 1)) ;; esac
+done
+exit "$failed"

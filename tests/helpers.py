@@ -141,7 +141,7 @@ def free_port() -> int:
 
 
 # What a run prints on stderr before it fails mid-training: Lightning's device lines, then its epoch lines.
-RUN_STARTED = (r"GPU available: ", r"TPU available: ", r"epoch \d+/\d+  step \d+ ")
+RUN_STARTED = (r"GPU available: ", r"TPU available: ", r"Loading `train_dataloader`", r"epoch \d+/\d+  step \d+ ")
 
 
 def one_line_error(stderr: str, prog: str = "train.py", after: tuple[str, ...] = ()) -> str:

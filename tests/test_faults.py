@@ -1,6 +1,6 @@
 """Faults under DDP and fault drills: nothing trained is lost, no rank hangs, every resume is exact.
 
-Kill points are random; each test prints them (``pytest -s``) so a failure can be replayed.
+Kill points are drawn from a seed each test prints (``pytest -s``), so a failure can be replayed.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from helpers import (
     tiny_config,
 )
 from project.errors import UserError
+from project.hardware.devices import expected_world_size
 from project.reliability.checkpointing import read_checkpoint
 from project.reliability.resume import checkpoint_to_resume
 from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 SINGLE_EPOCHS = 10  # 200 steps
+ENDS_WITHIN = 20  # seconds for every process of a job to be gone after a fault: the README's bound
 
 
 @pytest.fixture(scope="module")
@@ -120,22 +122,34 @@ def kill_after(proc: subprocess.Popen, logdir: Path, after_step: int, delay: flo
     os.killpg(proc.pid, sig) if target == "job" else os.kill(rank_pid(proc, int(target[-1])), sig)
 
 
-def drill(data: Path, logdir: Path, kills: int, extra: tuple[str, ...], total_steps: int, seed: int) -> None:
+def drill(data: Path, logdir: Path, kills: int, extra: tuple[str, ...], total_steps: int, seed: int) -> list[int]:
     """``kills`` SIGKILLs of the whole job at random steps (none in the last quarter, so that a run cannot end
-    before its kill), each followed by ``--resume last``; the caller runs the last resume to the end."""
+    before its kill), each followed by ``--resume last``; the caller runs the last resume to the end.
+
+    Every kill lands mid-run: a kill point at or below the step the run resumes from moves just past it,
+    and each killed run must have saved a newer checkpoint than the one it started from. Returns the steps
+    the kills' runs had saved.
+    """
     rng = random.Random(seed)
     points = sorted(rng.sample(range(1, total_steps - total_steps // 4), kills))
     print(f"drill seed {seed}: SIGKILL once a checkpoint past each of steps {points} is saved", flush=True)
+    saved, landed = -1, []
     for number, point in enumerate(points):
         proc = start(data, logdir, *extra, *(("--resume", "last") if number else ()))
-        kill_after(proc, logdir, point, rng.uniform(0.0, 0.05), signal.SIGKILL)
+        kill_after(proc, logdir, max(point, saved + 1), 0.0, signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL, "the run ended before its kill point"
+        now = saved_steps(logdir)
+        assert saved < now < total_steps, f"kill {number + 1} did not land mid-run (saved {saved}, then {now})"
+        saved = now
+        landed.append(now)
+    print(f"drill seed {seed}: {len(landed)} kills, each after new training; checkpoints at {landed}", flush=True)
+    return landed
 
 
 @pytest.mark.slow
 def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp):
     data = uninterrupted_ddp["data"]
-    drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, random.randrange(10**6))
+    assert len(drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, random.randrange(10**6))) == 3
     resumed = start(data, tmp_path / "logs", *TWO_RANKS, "--resume", "last")
     assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
     assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]  # one run, one folder
@@ -146,8 +160,8 @@ def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp
 def test_fault_drill_on_one_process_ends_bitwise_equal(data, tmp_path):
     settings = {"max_epochs": SINGLE_EPOCHS, "checkpoint_every_n_steps": 3, "accelerator": "cpu"}  # CHECKPOINTED
     reference = train(tiny_config(data, tmp_path / "reference", **settings), test=False)
-    drill(data, tmp_path / "logs", 5, ("--max-epochs", str(SINGLE_EPOCHS)), 20 * SINGLE_EPOCHS,
-          random.randrange(10**6))
+    assert len(drill(data, tmp_path / "logs", 5, ("--max-epochs", str(SINGLE_EPOCHS)), 20 * SINGLE_EPOCHS,
+                     random.randrange(10**6))) == 5
     train(tiny_config(data, tmp_path / "logs", **settings, resume="last"), test=False)  # the last resume, in here
     assert_same_training_state(torch.load(reference.last_checkpoint, weights_only=True),
                                newest_last_checkpoint(tmp_path / "logs"))
@@ -162,15 +176,16 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(tmp_
     stopped_at = 4
     for run, target in enumerate(("rank1", "job"), start=1):
         proc = start(data, logdir, *TWO_RANKS, *(("--resume", "last") if run > 1 else ()))
-        after, delay = stopped_at + 2, random.uniform(0.0, 0.3)
-        print(f"SIGTERM to {target} {delay:.2f} s after the first checkpoint past step {after}")
-        kill_after(proc, logdir, after, delay, signal.SIGTERM, target=target)
-        seconds = job_ended(proc, within=60)
+        # At once: a step takes about 10 ms here, so any delay would be a random number of steps.
+        after = stopped_at + 2
+        print(f"SIGTERM to {target} once a checkpoint past step {after} is saved")
+        kill_after(proc, logdir, after, 0.0, signal.SIGTERM, target=target)
+        seconds = job_ended(proc, within=ENDS_WITHIN)
         stderr = stderr_of(proc)
         print(f"SIGTERM: every process ended {seconds:.1f} s after it")
         assert proc.returncode == 143, stderr
         stopped_at = newest_last_checkpoint(logdir)["global_step"]
-        assert after < stopped_at <= 40  # a signal in the last epoch's last steps stops after its validation
+        assert after < stopped_at < 40, f"stopped at {stopped_at}: not mid-run"
         assert stderr.count(f"train.py: error: stopped by SIGTERM after step {stopped_at}; last.ckpt holds that "
                             "step: continue with --resume last") == 1, stderr
         assert len(list(logdir.rglob("last.ckpt"))) == 1  # one run folder, one last.ckpt
@@ -185,7 +200,7 @@ def test_one_failing_rank_ends_the_whole_job_fast_with_one_line(data, tmp_path, 
     logdir = tmp_path / "logs"
     proc = start(data, logdir, *TWO_RANKS, script=FAULTY, env={"FAIL_RANK": str(rank), "FAIL_STEP": "7"})
     wait_for_checkpoint(proc, logdir, 5)  # the step-6 one
-    seconds = job_ended(proc, within=60)
+    seconds = job_ended(proc, within=ENDS_WITHIN)
     stderr = stderr_of(proc)
     print(f"rank {rank} failed at step 7: the job ended {seconds:.1f} s after the step-6 checkpoint")
     assert proc.returncode != 0
@@ -199,13 +214,23 @@ def test_sigkill_of_rank_zero_ends_the_other_ranks(data, tmp_path):
     logdir = tmp_path / "logs"
     proc = start(data, logdir, *TWO_RANKS, "--max-epochs", "400")
     kill_after(proc, logdir, 3, 0.2, signal.SIGKILL, target="rank0")  # rank 1 is left in its collective
-    seconds = job_ended(proc, within=60)
+    saved = saved_steps(logdir)
+    seconds = job_ended(proc, within=ENDS_WITHIN)
     print(f"rank 0 killed: the other rank ended {seconds:.1f} s later")
+    assert proc.returncode == -signal.SIGKILL
+    assert 3 < saved == newest_last_checkpoint(logdir)["global_step"] < 400 * 10  # mid-run; nothing saved after
+    assert "Traceback" not in stderr_of(proc)
 
 
 def test_resuming_with_another_world_size_is_refused(uninterrupted_ddp, tmp_path):
     path = tmp_path / "ddp.ckpt"
     torch.save(uninterrupted_ddp["last"], path)
     config = tiny_config(uninterrupted_ddp["data"], tmp_path / "logs", max_epochs=4, resume=str(path))
-    with pytest.raises(UserError, match="the checkpoint was written by 2 process\\(es\\), this run has 1"):
+    with pytest.raises(UserError, match="the checkpoint was written by 2 process\\(es\\), this run has 1; .* resume "
+                                        "with the same --devices and --num-nodes"):
         checkpoint_to_resume(config, 640, 1)
+    # Two machines of one process each are the same two ranks: the world size counts nodes too.
+    two_nodes = config.replace(devices=1, num_nodes=2, accelerator="cpu")
+    assert expected_world_size(two_nodes) == 2
+    assert checkpoint_to_resume(two_nodes, 640, expected_world_size(two_nodes)).global_step == \
+        uninterrupted_ddp["last"]["global_step"]

@@ -3,6 +3,7 @@
 import json
 import re
 
+import lightning as L
 import pytest
 import torch
 
@@ -143,3 +144,26 @@ def test_divergence_from_the_command_line_is_one_line_exit_1(shared_tiny_mnist, 
     done = tiny_run(shared_tiny_mnist, tmp_path / "logs", "--max-epochs", "3", "--lr", "1e6", "--scheduler", "none")
     assert done.returncode == 1
     assert "training loss became non-finite at epoch 0, step" in one_line_error(done.stderr, after=RUN_STARTED)
+
+
+class CorruptWeightsAt(L.Callback):
+    """Puts a NaN into the weights just before optimizer step ``step``: that step's loss was still finite."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                next(pl_module.parameters()).view(-1)[0] = float("nan")
+
+
+def test_non_finite_weights_are_never_saved_even_when_the_loss_was_finite(shared_tiny_mnist, tmp_path):
+    config = tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=2, steps_per_call=1,
+                         checkpoint_every_n_steps=1)
+    with pytest.raises(NonFiniteLossError, match=r"weights became non-finite \(model\.layers\.0\.weight\) by epoch "
+                                                 r"0, step 6; stopped before saving them"):
+        train(config, callbacks=[CorruptWeightsAt(5)])
+    saved = torch.load(next((tmp_path / "logs").rglob("last.ckpt")), weights_only=True)
+    assert saved["global_step"] == 5  # the newest good checkpoint, and nothing after it
+    assert all(torch.isfinite(w).all() for w in saved["state_dict"].values() if w.is_floating_point())

@@ -1,5 +1,6 @@
 """Several optimizer steps per Lightning step is the same training: same weights, checkpoints, logs."""
 
+import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -154,3 +155,24 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_mni
     assert slow >= 0.03
     k, why = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule)
     assert k == 1 and "a step's math takes" in why  # 30 ms of math: Lightning's 1 ms is not worth grouping
+
+
+class BarSeen(L.Callback):
+    def __init__(self) -> None:
+        self.counts: list[tuple[int, int]] = []
+        self.postfix = ""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        bar = trainer.progress_bar_callback.train_progress_bar
+        self.counts.append((bar.n, bar.total))
+        self.postfix = bar.postfix or ""
+
+
+def test_the_progress_bar_counts_optimizer_steps_and_shows_the_logged_loss(data, tmp_path):
+    """With 4 optimizer steps per Lightning step the bar still counts 17 steps an epoch, not 5 groups."""
+    seen = BarSeen()
+    result = train(tiny_config(data, tmp_path, steps_per_call=4, max_epochs=2, trainer={"enable_progress_bar": True}),
+                   callbacks=[seen], test=False)
+    assert result.steps_per_call == 4
+    assert seen.counts == [(17, 17), (17, 17)]
+    assert "train/loss=" in seen.postfix  # the value logged at the last logging step

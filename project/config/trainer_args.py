@@ -19,6 +19,10 @@ OWNED = {
 }
 
 
+# Counts Lightning divides by or loops over without checking them first (0 is a ZeroDivisionError deep in its loop).
+AT_LEAST_ONE = ("check_val_every_n_epoch", "accumulate_grad_batches")
+
+
 def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
     """The values, each checked against the type ``lightning.Trainer`` declares for it."""
     from lightning.pytorch import Trainer
@@ -35,6 +39,8 @@ def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
         expected = hints.get(key)
         if expected is not None and not fits(value, expected):
             raise UsageError(f"--trainer.{key}: expected {describe(expected)}, got {value!r}")
+        if key in AT_LEAST_ONE and isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UsageError(f"--trainer.{key}: must be 1 or more, got {value}")
     return dict(values)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -261,7 +263,11 @@ def reported_failures(kept: str = "the newest complete checkpoint is kept") -> I
     try:
         yield
     except MisconfigurationException as err:  # Lightning's word on a setting (often a --trainer. one)
-        raise UsageError(str(err).splitlines()[0]) from None
+        raise UsageError(str(err).strip().splitlines()[0]) from None
+    except ValueError as err:
+        if not _raised_by_lightning(err):
+            raise
+        raise UsageError(str(err).strip().splitlines()[0]) from None  # Lightning checking a setting as it runs
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM") from None
     except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
@@ -278,6 +284,13 @@ def reported_failures(kept: str = "the newest complete checkpoint is kept") -> I
             raise
         raise UserError("another process of this DDP job failed (its error is above), so this one stopped too; "
                         "the newest checkpoint is kept") from None
+
+
+def _raised_by_lightning(err: BaseException) -> bool:
+    """Whether Lightning's own code raised ``err`` (it checks some settings, such as ``val_check_interval``
+    against the data, only when the fit starts)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
 
 
 def _peer_failed(err: RuntimeError) -> bool:
