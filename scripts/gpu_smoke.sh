@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The whole GPU check in one command, for the first machine with a CUDA GPU (about 6-8 minutes):
-#   1. the environment (a .venv is made as the README says if there is none) and check_gpu.py --bench;
-#   2. every test marked `gpu` (pytest -m gpu over the whole suite), with a JUnit report;
+# The whole GPU check in one command, for the first machine with a CUDA GPU (a few minutes):
+#   1. the environment (below) and check_gpu.py --bench;
+#   2. every test marked `gpu` (pytest -m gpu over the whole suite, 4 workers), with a JUnit report;
 #   3. the default recipe on the GPU (scripts/train.py) and with --precision 16-mixed;
 #   4. the benchmark at batch 64 (fp32) and 1024 (16-mixed).
-# Each step runs even if one before it failed; a table at the end says which passed, and the exit
-# code is the number that failed. Six files go to $OUT (the device tool's folder) or benchmark-results/:
-# gpu-check.log (everything printed), gpu-tests.xml, and each benchmark's .json and .md.
-# Offline, MNIST comes from ../shared/data (or DATA_DIR) instead of a download.
+# Each step runs even if one before it failed, under a time limit; a table at the end says which passed,
+# and the exit code is the number that failed (a step past its limit fails with exit 124). Six files go to
+# $OUT (where a remote runner collects them) or benchmark-results/: gpu-check.log (everything printed),
+# gpu-tests.xml, and each benchmark's .json and .md. Offline, MNIST comes from DATA_DIR or ../shared/data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-benchmark-results}
@@ -20,30 +20,39 @@ if [ -z "${DATA_DIR:-}" ] && [ -d ../shared/data/MNIST/raw ]; then
     DATA_DIR="$(cd ../shared/data && pwd)"
     export DATA_DIR
 fi
-PY=${PY:-.venv/bin/python}
-if [ ! -x "$PY" ]; then
-    python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q -e ".[dev]" || exit 99
-    PY=.venv/bin/python
+# The interpreter: $PY, else .venv, else a python3 that already holds the dependencies (a GPU image's own
+# CUDA build of PyTorch is kept, not replaced by a download), else a new .venv made as the README says.
+NEEDS="import torch, torchvision, lightning, torchmetrics, tensorboard, matplotlib, psutil, yaml, optuna, pytest, xdist"
+if [ -z "${PY:-}" ]; then
+    if [ -x .venv/bin/python ]; then
+        PY=.venv/bin/python
+    elif python3 -c "$NEEDS" 2>/dev/null; then
+        PY=python3
+        export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q -e ".[dev]" || exit 99
+        PY=.venv/bin/python
+    fi
 fi
 
 declare -a NAMES RESULTS
-step() {  # step NAME COMMAND...: run it, append its output to the log, remember how it ended
-    local name=$1 started=$SECONDS
-    shift
+step() {  # step NAME LIMIT_S COMMAND...: run it (killed after LIMIT_S), log its output, remember how it ended
+    local name=$1 limit=$2 started=$SECONDS
+    shift 2
     echo "=== $name: $*" | tee -a "$LOG"
-    "$@" 2>&1 | tee -a "$LOG"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
     local status=${PIPESTATUS[0]}
     NAMES+=("$name")
     RESULTS+=("$([ "$status" -eq 0 ] && echo passed || echo "FAILED (exit $status)") in $((SECONDS - started)) s")
 }
 
-step check-gpu "$PY" scripts/check_gpu.py --bench
-step gpu-tests "$PY" -m pytest -m gpu -v -p no:cacheprovider -rs --junitxml="$OUT_DIR/gpu-tests.xml" tests
-step train-default "$PY" scripts/train.py --accelerator gpu --logdir "$WORK/runs"
-step train-16-mixed "$PY" scripts/train.py --accelerator gpu --precision 16-mixed --logdir "$WORK/runs"
-step benchmark-64 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 \
+step check-gpu 120 "$PY" scripts/check_gpu.py --bench
+step gpu-tests 360 "$PY" -m pytest -m gpu -n 4 -v -p no:cacheprovider -rs --junitxml="$OUT_DIR/gpu-tests.xml" tests
+step train-default 180 "$PY" scripts/train.py --accelerator gpu --logdir "$WORK/runs"
+step train-16-mixed 180 "$PY" scripts/train.py --accelerator gpu --precision 16-mixed --logdir "$WORK/runs"
+step benchmark-64 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 \
     --only hand,bare,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-64"
-step benchmark-1024 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 --precision 16-mixed \
+step benchmark-1024 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 --precision 16-mixed \
     --only hand,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-1024"
 for size in 64 1024; do
     for kind in json md; do cp "$WORK/gpu-$size/benchmark.$kind" "$OUT_DIR/benchmark-$size.$kind" 2>/dev/null; done

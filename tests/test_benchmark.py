@@ -3,8 +3,9 @@
 import json
 
 import pytest
+import torch
 
-from helpers import make_tiny_mnist, run_script
+from helpers import make_tiny_mnist, one_line_error, run_script
 
 
 @pytest.mark.slow
@@ -27,3 +28,11 @@ def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
     assert "| template, steps per call auto |" in markdown and "time to accuracy" in markdown
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "vs hand-written" in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a CUDA GPU")
+def test_benchmark_on_a_missing_gpu_is_one_line_before_any_work(tmp_path):
+    done = run_script("benchmark.py", "--accelerator", "gpu", "--epochs", "1", "--out", str(tmp_path / "bench"))
+    assert done.returncode == 2
+    assert "no CUDA GPU is visible" in one_line_error(done.stderr, "benchmark.py")
+    assert not (tmp_path / "bench").exists()

@@ -20,7 +20,7 @@ import torch
 from project.benchmark import loops as bench_loops
 from project.config.schema import RECIPE
 from project.errors import UsageError
-from project.hardware.devices import resolve_accelerator, resolve_precision
+from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
 from project.training.console import quiet_known_warnings
 
@@ -37,7 +37,7 @@ REFERENCE = "hand"
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     quiet_known_warnings()
-    device = torch.device(resolve_accelerator(args.accelerator))
+    device = torch.device(available_accelerator(args.accelerator))
     precision = resolve_precision(args.precision, args.accelerator)
     data = bench_loops.bench_data(args)
     runners: dict[str, Callable[[], dict[str, Any]]] = {

@@ -53,17 +53,23 @@ def resolve_hardware(config: RunConfig) -> RunConfig:
     return config.replace(precision=resolve_precision(config.precision, config.accelerator))
 
 
-def validate_hardware(config: RunConfig) -> None:
-    """Refuse, in one line, a request this machine cannot serve."""
-    accelerator = resolve_accelerator(config.accelerator)
+def available_accelerator(requested: str) -> str:
+    """``resolve_accelerator``, refusing in one line an accelerator this machine does not have."""
+    accelerator = resolve_accelerator(requested)
     if accelerator == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise UsageError(
-            f"--accelerator {config.accelerator}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
+            f"--accelerator {requested}: no CUDA GPU is visible (torch {torch.__version__}, {build}); "
             f"this machine has {_what_is_here()}. Use --accelerator cpu, or see scripts/check_gpu.py"
         )
     if accelerator == "mps" and not mps_available():
         raise UsageError(f"--accelerator mps: no Apple GPU (MPS) here; this machine has {_what_is_here()}")
+    return accelerator
+
+
+def validate_hardware(config: RunConfig) -> None:
+    """Refuse, in one line, a request this machine cannot serve."""
+    accelerator = available_accelerator(config.accelerator)
     devices = config.devices
     if accelerator == "cuda":
         count = torch.cuda.device_count()
