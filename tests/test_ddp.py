@@ -181,3 +181,17 @@ def test_ddp_val_acc_is_the_single_process_accuracy_of_the_same_weights(uninterr
     val = datamodule.val_set
     single = evaluate(load_classifier(ckpt=str(best)), val.inputs, val.targets, 10)["test/acc"]
     assert single == pytest.approx(score, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_one_device_ddp_trains_exactly_like_one_plain_process(tiny_mnist, tmp_path):
+    """A one-process DDP job keeps the one-process batch sampler (Lightning must not try to wrap it)."""
+    weights = []
+    for name, strategy in (("plain", ()), ("ddp", ("--strategy", "ddp", "--devices", "1"))):
+        done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / name), *TINY,
+                          "--accelerator", "cpu", "--max-epochs", "2", *strategy)
+        assert done.returncode == 0, done.stderr
+        weights.append(read_weights(tmp_path / name / "mnist" / "version_0" / "model.pth"))
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key

@@ -161,6 +161,9 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
         enable_progress_bar=animated_progress(config),
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+        # The datamodule shards every split itself (resumable, evaluation unpadded); Lightning's own
+        # sampler cannot wrap the one-process batch sampler that a one-device DDP or FSDP run keeps.
+        use_distributed_sampler=False,
     )
     return L.Trainer(**{**settings, **config.trainer})
 
