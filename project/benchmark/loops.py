@@ -160,14 +160,15 @@ def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callab
 
 
 @contextmanager
-def counting_syncs(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
-    """The host syncs a block makes on a GPU (torch's sync debug mode warns at each); none elsewhere."""
+def counting_syncs(device: torch.device, from_start: bool = True) -> Iterator[list[warnings.WarningMessage]]:
+    """The host syncs a block makes on a GPU (torch's sync debug mode warns at each); none elsewhere.
+    ``from_start=False`` counts only where something in the block turns the mode on (``SyncsInTrainingSteps``)."""
     caught: list[warnings.WarningMessage] = []
     if device.type != "cuda":
         yield caught
         return
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
+    torch.cuda.set_sync_debug_mode("warn" if from_start else 0)
     try:
         with warnings.catch_warnings(record=True) as recorded:
             warnings.simplefilter("always")
@@ -175,6 +176,25 @@ def counting_syncs(device: torch.device) -> Iterator[list[warnings.WarningMessag
             caught.extend(recorded)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+class SyncsInTrainingSteps(L.Callback):
+    """Counting on from each training step's start until validation: the syncs of training steps (logging steps
+    included), as the hand-written loop's are counted, not those of set-up, validation, testing or export."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.callbacks.remove(self)  # first, so the mode is on before any other hook of a step runs;
+        trainer.callbacks.insert(0, self)  # the callbacks after it keep their places in Lightning's loop
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def syncs_in(caught: list[warnings.WarningMessage]) -> int:
@@ -222,8 +242,10 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
             optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none",
             trainer={"enable_progress_bar": False},
         )
-        with counting_syncs(torch.device(resolve_accelerator(args.accelerator))) as caught:
-            result = train(config, datamodule=data.datamodule(loader))
+        device = torch.device(resolve_accelerator(args.accelerator))
+        with counting_syncs(device, from_start=False) as caught:
+            callbacks = [SyncsInTrainingSteps()] if device.type == "cuda" else []
+            result = train(config, datamodule=data.datamodule(loader), callbacks=callbacks)
     return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}
