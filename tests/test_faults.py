@@ -1,6 +1,6 @@
 """Faults under DDP and fault drills: nothing trained is lost, no rank hangs, every resume is exact.
 
-Kill points are drawn from a seed each test prints (``pytest -s``), so a failure can be replayed.
+Kill points are drawn from a seed each test prints (``pytest -s``); ``DRILL_SEED=N`` replays a failure.
 """
 
 from __future__ import annotations
@@ -122,6 +122,10 @@ def kill_after(proc: subprocess.Popen, logdir: Path, after_step: int, delay: flo
     os.killpg(proc.pid, sig) if target == "job" else os.kill(rank_pid(proc, int(target[-1])), sig)
 
 
+def drill_seed() -> int:
+    return int(os.environ.get("DRILL_SEED") or random.randrange(10**6))
+
+
 def drill(data: Path, logdir: Path, kills: int, extra: tuple[str, ...], total_steps: int, seed: int) -> list[int]:
     """``kills`` SIGKILLs of the whole job at random steps (none in the last quarter, so that a run cannot end
     before its kill), each followed by ``--resume last``; the caller runs the last resume to the end.
@@ -149,7 +153,7 @@ def drill(data: Path, logdir: Path, kills: int, extra: tuple[str, ...], total_st
 @pytest.mark.slow
 def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp):
     data = uninterrupted_ddp["data"]
-    assert len(drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, random.randrange(10**6))) == 3
+    assert len(drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, drill_seed())) == 3
     resumed = start(data, tmp_path / "logs", *TWO_RANKS, "--resume", "last")
     assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
     assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]  # one run, one folder
@@ -161,7 +165,7 @@ def test_fault_drill_on_one_process_ends_bitwise_equal(data, tmp_path):
     settings = {"max_epochs": SINGLE_EPOCHS, "checkpoint_every_n_steps": 3, "accelerator": "cpu"}  # CHECKPOINTED
     reference = train(tiny_config(data, tmp_path / "reference", **settings), test=False)
     assert len(drill(data, tmp_path / "logs", 5, ("--max-epochs", str(SINGLE_EPOCHS)), 20 * SINGLE_EPOCHS,
-                     random.randrange(10**6))) == 5
+                     drill_seed())) == 5
     train(tiny_config(data, tmp_path / "logs", **settings, resume="last"), test=False)  # the last resume, in here
     assert_same_training_state(torch.load(reference.last_checkpoint, weights_only=True),
                                newest_last_checkpoint(tmp_path / "logs"))

@@ -16,6 +16,7 @@ import torch
 
 from helpers import (
     RAW_NAMES,
+    ROOT,
     TINY,
     TRAIN,
     assert_same_training_state,
@@ -343,3 +344,50 @@ class StageRecorder(L.Callback):
 
     def on_test_start(self, trainer, pl_module):
         self.stages.append("test")
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    """The first Ctrl-C is only noted (the run stops at its next safe point); the second ends the process now."""
+    code = ("import os, signal, time\n"
+            "from project.reliability.stops import StopSignals\n"
+            "signals = StopSignals()\n"
+            "signals.install()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "print('noted', signals.name(), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(30)\n"
+            "print('still running')\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 130, done.stderr
+    assert done.stdout.splitlines() == ["noted Ctrl-C"]
+    assert done.stderr.strip() == "interrupted again: stopping now"
+    assert time.monotonic() - started < 25  # not after the 30 s sleep
+
+
+class SavesAndValidations(L.Callback):
+    """Each checkpoint's step, and how many validations had ended when it was written."""
+
+    def __init__(self) -> None:
+        self.validations, self.saves = 0, []
+
+    def on_validation_end(self, trainer, pl_module):
+        self.validations += not trainer.sanity_checking
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.saves.append((trainer.global_step, self.validations))
+
+
+def test_no_checkpoint_is_taken_where_a_validation_is_due(shared_tiny_mnist, tmp_path):
+    # 200 training images in batches of 32: 7 steps an epoch; a checkpoint every 7 steps falls on every epoch end.
+    record = SavesAndValidations()
+    train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=3, checkpoint_every_n_steps=7),
+          callbacks=[record], test=False)
+    epoch_ends = [(step, validations) for step, validations in record.saves if step % 7 == 0]
+    assert {step for step, _ in epoch_ends} == {7, 14, 21}
+    assert all(validations == step // 7 for step, validations in epoch_ends), record.saves  # each after its check
+
+
+def test_a_batch_larger_than_the_training_set_takes_the_whole_set_per_step(shared_tiny_mnist, tmp_path):
+    result = train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=3, batch_size=100_000), test=False)
+    assert result.optimizer_steps == 3
