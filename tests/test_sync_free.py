@@ -1,9 +1,10 @@
-"""No tensor becomes a Python number between logging steps: on a GPU each would be a host sync.
+"""No tensor becomes a Python number, and no Python number a tensor on the run's device, between logging
+steps: on a GPU each would be a host sync.
 
 Checked on CPU by counting every conversion (``item``, ``float``, ``int``, ``bool``, ``tolist``) of
-any tensor, made anywhere (Lightning's loop, its progress bar
-and logger connector, the callbacks, the template) from the start of a training step to the start
-of the next, at default settings with the progress bar on. The GPU test (``tests/test_gpu.py``)
+any tensor, and every ``torch.tensor(..., device=...)``, made anywhere (Lightning's loop, its progress
+bar, logger connector and LR monitor, the callbacks, the template) from the start of a training step to
+the start of the next, at default settings with the progress bar on. The GPU test (``tests/test_gpu.py``)
 checks the same with CUDA's sync debug mode.
 """
 
@@ -33,6 +34,10 @@ class ConversionCounter(L.Callback):
         self.step: int | None = None  # None outside training steps: validation, epoch ends, setup
         self.pending: list[str] = []  # in the Lightning step under way, whose last optimizer step is not known yet
         self.seen: list[tuple[int, str]] = []
+
+    def setup(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
+        trainer.callbacks.remove(self)  # first, so that a step's hooks never run before it knows the step;
+        trainer.callbacks.insert(0, self)  # the callbacks after it keep their places in Lightning's loop
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
         self.step, self.pending = -1, []
@@ -73,6 +78,14 @@ def counter(monkeypatch: pytest.MonkeyPatch) -> ConversionCounter:
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, converted)
+    make_tensor = torch.tensor
+
+    def tensor(*args: object, **kwargs: object) -> torch.Tensor:
+        if kwargs.get("device") is not None:  # a Python value sent to a device: a blocking copy on a GPU
+            counting.record()
+        return make_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
     return counting
 
 
@@ -87,5 +100,7 @@ def test_no_conversion_between_logging_steps(shared_tiny_mnist, tmp_path, counte
     train(config, callbacks=[counter], test=False)
     # 200 training images in batches of 32: 7 steps an epoch; the steps that end at 3, 6, 9, 12 are logged.
     assert counter.seen, "no conversion at all: the counter is not wired in"
+    if steps_per_call == 1:  # Lightning's LR monitor sends the LR to the device at each logging step
+        assert any(where.startswith("lightning/pytorch/callbacks/lr_monitor.py") for _, where in counter.seen)
     between = [(step, where) for step, where in counter.seen if step % log_every != 0]
     assert not between, between
