@@ -2,8 +2,6 @@
 
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,10 +16,7 @@ from helpers import (
     RAW_NAMES,
     ROOT,
     TINY,
-    TRAIN,
-    assert_same_training_state,
     make_tiny_mnist,
-    newest_last_checkpoint,
     one_line_error,
     run_script,
     tiny_config,
@@ -254,66 +249,6 @@ def test_export_with_overwrite_replaces_the_file(shared_tiny_mnist, tmp_path):
 
 
 # ---------------------------------------------------------------- exact resume after a kill
-
-RESUMABLE = ("--max-epochs", "10", "--checkpoint-every-n-steps", "5", "--batch-size", "32",
-             "--log-every-n-steps", "2", "--val-size", "40")
-
-
-def saved_step(logdir: Path) -> int:
-    """The step of the run's ``last.ckpt``, or -1 while there is none (or it is being replaced)."""
-    try:
-        return int(torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)["global_step"])
-    except (StopIteration, OSError, RuntimeError, EOFError):
-        return -1
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_last_gives_bitwise_identical_weights(tmp_path):
-    """Killed mid-run (once a checkpoint past step 23 exists) with 8 optimizer steps per Lightning step,
-    resumed: the same as an uninterrupted run with one step per call."""
-    data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
-    settings = {"max_epochs": 10, "checkpoint_every_n_steps": 5}
-    train(tiny_config(data, tmp_path / "a", steps_per_call=1, **settings))  # uninterrupted, in this process
-
-    logdir = tmp_path / "b"
-    proc = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logdir), *RESUMABLE,
-                             "--steps-per-call", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while saved_step(logdir) < 23 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)  # in the step-25 group of 8, past the step-25 checkpoint at the latest
-    proc.wait()
-    interrupted = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
-    assert 23 <= interrupted["global_step"] < 190, "the kill did not land mid-run"
-
-    train(tiny_config(data, logdir, steps_per_call=8, **settings, resume="last"))
-    assert_same_training_state(newest_last_checkpoint(tmp_path / "a"), newest_last_checkpoint(logdir))
-
-
-@pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
-    logdir = tmp_path / "logs"
-    proc = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logdir),
-                             *RESUMABLE[2:], "--max-epochs", "400", "--scheduler", "none"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list(logdir.rglob("last.ckpt")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr
-    saved = torch.load(next(logdir.rglob("last.ckpt")), weights_only=True)
-    assert saved["global_step"] > 0
-    step = saved["global_step"]
-    assert stderr.strip().splitlines()[-1] == (f"train.py: error: stopped by SIGTERM after step {step}; "
-                                               "last.ckpt holds that step: continue with --resume last")
-    resumed = train(tiny_config(data, logdir, checkpoint_every_n_steps=5, max_epochs=saved["epoch"] + 2,
-                                scheduler="none", resume="last"))
-    assert torch.load(resumed.last_checkpoint, weights_only=True)["global_step"] > saved["global_step"]
-    shutil.rmtree(logdir)
-
 
 class _NotATensor:
     """Any Python object a pickle could carry (and run code when loaded)."""

@@ -20,9 +20,9 @@ from project.training.run import train
 
 pytestmark = pytest.mark.slow
 SBATCH = str(ROOT / "slurm" / "train.sbatch")
-# 640 training images in batches of 32, one batch per step: 20 steps an epoch, 1,200 in all.
+# 640 training images in batches of 32, one batch per step: 20 steps an epoch, 600 in all.
 LONG = {"batch_size": 32, "val_size": 40, "checkpoint_every_n_steps": 3, "log_every_n_steps": 2,
-        "accelerator": "cpu", "steps_per_call": 1, "max_epochs": 60}
+        "accelerator": "cpu", "steps_per_call": 1, "max_epochs": 30}
 
 
 def submit(slurm, logdir: Path, *flags: str, tasks: int = 1) -> int:
@@ -80,7 +80,7 @@ def test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_ne
 
     output = (logdir.parent / f"slurm-{job}.out").read_text()
     for step in stops:
-        assert 0 < step < 1200
+        assert 0 < step < 600
         assert (f"train.py: error: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; job {job} "
                 "requeued: it continues from last.ckpt in this folder") in output
     assert output.count(f"job {job}: start") == 3 and "Traceback" not in output
