@@ -106,7 +106,7 @@ def test_a_killed_rank_ends_the_job_within_20_seconds(tiny_mnist, tmp_path):
 def test_ddp_spawn_reports_and_writes_what_ddp_does(tiny_mnist, tmp_path):
     """Spawned workers hand back only weights and the best path: the score, last.ckpt and summary still follow."""
     done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / "logs"), *TINY,
-                      "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_spawn", "--max-epochs", "2",
+                      "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_spawn", "--max-epochs", "1",
                       timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "logs" / "mnist" / "version_0"

@@ -84,8 +84,10 @@ SAID = {
 
 
 PHASES = ["step-25", "validation-0", "validation-2", "test", "export"]
-# Every phase by SIGTERM and by kill -9; Ctrl-C takes SIGTERM's path, shown mid-epoch and mid-validation.
-STOPS = [(phase, name) for name in ("TERM", "KILL") for phase in PHASES] + [("step-25", "INT"), ("validation-2", "INT")]
+# Every phase by SIGTERM, every phase but the first validation (the last one is the harder) by kill -9;
+# Ctrl-C takes SIGTERM's path, shown mid-epoch.
+STOPS = ([(phase, "TERM") for phase in PHASES] + [(phase, "KILL") for phase in PHASES if phase != "validation-0"]
+         + [("step-25", "INT")])
 
 
 @pytest.mark.slow
