@@ -39,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
+# srun's test compares with the uninterrupted 2-rank run: one worker holds both, and trains that run once.
+SHARES_A_WORKER_WITH = {"slurm": "uninterrupted_ddp"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
@@ -46,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in ("default_run", "trained", "slurm", "uninterrupted_ddp", "storage", "second_recipe"):
             if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(fixture))
+                item.add_marker(pytest.mark.xdist_group(SHARES_A_WORKER_WITH.get(fixture, fixture)))
                 break
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
