@@ -11,6 +11,7 @@ import torch
 from helpers import make_tiny_mnist, run_script, summary_value, tiny_config, tiny_run
 from project.recipe.data import MNISTDataModule
 from project.recipe.model import LitMNIST
+from project.training.callbacks import RunsFirst
 from project.training.run import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -67,7 +68,7 @@ def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_mnist):
     assert x.is_cuda  # batches are gathered on the device: no host-to-device copy per step
 
 
-class SyncsAreErrorsBetweenLogs(L.Callback):
+class SyncsAreErrorsBetweenLogs(RunsFirst):  # first: LearningRateMonitor syncs at a logging step's start
     """CUDA's sync debug mode set to "error" for every Lightning step that does not end at a logging step or the
     epoch's end, from its start to the next step's start: the step, every callback's hooks, the logger
     connector and progress bar bookkeeping and the next batch's fetch. Off for validation, and restored
@@ -77,13 +78,6 @@ class SyncsAreErrorsBetweenLogs(L.Callback):
         self.warm_up_steps = warm_up_steps
         self.previous = torch.cuda.get_sync_debug_mode()
         self.checked_steps = 0
-
-    def setup(self, trainer, pl_module, stage):
-        # First of all callbacks, so that each step's mode is set before any other hook of that step runs
-        # (LearningRateMonitor reads the LR at the start of a logging step). Moving it from index i to 0
-        # leaves every later callback at its index, so Lightning's loop over them skips none.
-        trainer.callbacks.remove(self)
-        trainer.callbacks.insert(0, self)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step, every = trainer.global_step, trainer.log_every_n_steps

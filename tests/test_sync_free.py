@@ -19,7 +19,7 @@ import torch
 
 from helpers import tiny_config
 from project.training import build
-from project.training.callbacks import FiniteLossGuard
+from project.training.callbacks import FiniteLossGuard, RunsFirst
 from project.training.run import train
 
 CONVERSIONS = ("item", "__float__", "__int__", "__bool__", "tolist", "__index__")
@@ -27,17 +27,13 @@ CONVERSIONS = ("item", "__float__", "__int__", "__bool__", "tolist", "__index__"
 HOST_ONLY = "torch/utils/data/dataloader.py"
 
 
-class ConversionCounter(L.Callback):
+class ConversionCounter(RunsFirst):
     """Which training step (the ``global_step`` it ends at) each tensor-to-number conversion happened in."""
 
     def __init__(self) -> None:
         self.step: int | None = None  # None outside training steps: validation, epoch ends, setup
         self.pending: list[str] = []  # in the Lightning step under way, whose last optimizer step is not known yet
         self.seen: list[tuple[int, str]] = []
-
-    def setup(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
-        trainer.callbacks.remove(self)  # first, so that a step's hooks never run before it knows the step;
-        trainer.callbacks.insert(0, self)  # the callbacks after it keep their places in Lightning's loop
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
         self.step, self.pending = -1, []

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from project import EVAL_BATCH_SIZE
 from project.config.schema import RunConfig
 from project.training.build import build_datamodule, build_model
-from project.training.callbacks import EpochStats
+from project.training.callbacks import EpochStats, RunsFirst
 from project.training.tensor_data import TensorDataModule, TensorPairs, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
@@ -178,13 +178,9 @@ def counting_syncs(device: torch.device, from_start: bool = True) -> Iterator[li
         torch.cuda.set_sync_debug_mode(previous)
 
 
-class SyncsInTrainingSteps(L.Callback):
+class SyncsInTrainingSteps(RunsFirst):
     """Counting on from each training step's start until validation: the syncs of training steps (logging steps
     included), as the hand-written loop's are counted, not those of set-up, validation, testing or export."""
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        trainer.callbacks.remove(self)  # first, so the mode is on before any other hook of a step runs;
-        trainer.callbacks.insert(0, self)  # the callbacks after it keep their places in Lightning's loop
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:

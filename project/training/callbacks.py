@@ -18,6 +18,16 @@ from project.training.plan import check_schedule_length
 NEVER = torch.iinfo(torch.int64).max
 
 
+class RunsFirst(Callback):
+    """A callback whose hooks run before every other callback's, for one that watches a whole step
+    (a step's first hook must already see what it set). Moved from its place to the front at ``setup``:
+    the callbacks after it keep their indices, so Lightning's loop over them skips none."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.callbacks.remove(self)
+        trainer.callbacks.insert(0, self)
+
+
 class EpochStats(Callback):
     """Logs ``perf/epoch_time_s``, ``perf/samples_per_s`` and ``perf/peak_memory_mb`` per epoch.
 
