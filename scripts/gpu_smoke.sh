@@ -3,11 +3,12 @@
 #   1. the environment (below) and check_gpu.py --bench;
 #   2. every test marked `gpu` (pytest -m gpu over the whole suite, 4 workers), with a JUnit report;
 #   3. the default recipe on the GPU (scripts/train.py) and with --precision 16-mixed;
-#   4. the benchmark at batch 64 (fp32) and 1024 (16-mixed).
+#   4. the benchmark at batch 64 and 256 (fp32) and 1024 (bf16-mixed): the hand-written loop, eager and captured
+#      (the bound), against the template with and without CUDA graphs; the default command's own time.
 # Each step runs even if one before it failed, under a time limit; a table at the end says which passed,
 # and the exit code is the number that failed (a step past its limit fails with exit 124). Six files go to
 # $OUT (where a remote runner collects them) or benchmark-results/: gpu-check.log (everything printed),
-# gpu-tests.xml, and each benchmark's .json and .md. Offline, MNIST comes from DATA_DIR or ../shared/data.
+# gpu-tests.xml, and each benchmark's .md. Offline, MNIST comes from DATA_DIR or ../shared/data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-benchmark-results}
@@ -47,15 +48,20 @@ step() {  # step NAME LIMIT_S COMMAND...: run it (killed after LIMIT_S), log its
 }
 
 step check-gpu 120 "$PY" scripts/check_gpu.py --bench
-step gpu-tests 360 "$PY" -m pytest -m gpu -n 4 -v -p no:cacheprovider -rs --junitxml="$OUT_DIR/gpu-tests.xml" tests
+step gpu-tests 240 "$PY" -m pytest -m gpu -n 4 -v -p no:cacheprovider -rs --junitxml="$OUT_DIR/gpu-tests.xml" tests
 step train-default 180 "$PY" scripts/train.py --accelerator gpu --logdir "$WORK/runs"
 step train-16-mixed 180 "$PY" scripts/train.py --accelerator gpu --precision 16-mixed --logdir "$WORK/runs"
-step benchmark-64 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 \
-    --only hand,bare,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-64"
-step benchmark-1024 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 --precision 16-mixed \
-    --only hand,template-k1,template-auto --no-time-to-accuracy --out "$WORK/gpu-1024"
-for size in 64 1024; do
-    for kind in json md; do cp "$WORK/gpu-$size/benchmark.$kind" "$OUT_DIR/benchmark-$size.$kind" 2>/dev/null; done
+BENCH_ROWS=hand,hand-graphs,bare,template-k1,template-auto,template-graphs
+step benchmark-64 240 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 64 --epochs 2 \
+    --only "$BENCH_ROWS" --out "$WORK/gpu-64"
+step benchmark-256 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 256 --epochs 3 \
+    --only "$BENCH_ROWS" --out "$WORK/gpu-256"
+step benchmark-1024 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-size 1024 --epochs 3 \
+    --precision bf16-mixed --only "$BENCH_ROWS" --out "$WORK/gpu-1024"
+step own-time 180 "$PY" scripts/benchmark.py --accelerator gpu --only hand --epochs 1 --time-to-accuracy \
+    --out "$WORK/gpu-own"
+for size in 64 256 1024 own; do
+    cp "$WORK/gpu-$size/benchmark.md" "$OUT_DIR/benchmark-$size.md" 2>/dev/null
 done
 
 failed=0

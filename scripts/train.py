@@ -23,7 +23,7 @@ def main(config: RunConfig, started: float) -> int:
         print(test_line(metrics), flush=True)
         printed.append(True)
 
-    result = train(config, figures_in_background=True, on_tested=print_test_metrics)  # draw while printing
+    result = train(config, on_tested=print_test_metrics)
     if result.is_global_zero:
         print(f"{result.summary(with_test_metrics=not printed)}\nwall time {time.perf_counter() - started:.1f} s",
               flush=True)

@@ -137,3 +137,16 @@ def test_predict_classifies_real_digit_images_and_reports_bad_files(default_run,
     print(f"predict.py: {correct}/200 transformed real test digits correct")
     assert correct >= 190
     assert all(0 < float(row[2]) <= 1 and ":" in row[3] for row in rows)  # top-2 column present
+
+
+def test_the_confusion_image_writes_each_count_and_labels_the_classes():
+    from project.results.figures import confusion_image
+
+    def ink(matrix: torch.Tensor) -> int:  # near-black pixels: text (counts, labels, title)
+        return int((confusion_image(matrix, "test set").max(dim=0).values < 0.3).sum())
+
+    diagonal = torch.eye(4, dtype=torch.long) * 10
+    assert ink(diagonal + 3) > ink(diagonal) + 12 * 4  # twelve more counts, each several dark pixels
+    assert ink(torch.eye(10, dtype=torch.long)) > ink(torch.eye(4, dtype=torch.long))  # labels for 10 classes
+    assert confusion_image(torch.eye(10, dtype=torch.long), "t").shape[1:] > confusion_image(
+        torch.eye(4, dtype=torch.long), "t").shape[1:]

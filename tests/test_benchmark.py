@@ -12,13 +12,18 @@ from helpers import make_tiny_mnist, one_line_error, run_script
 def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
     data = make_tiny_mnist(tmp_path / "data", n_train=5300, n_test=40)  # 300 left after the 5,000 for validation
     out = tmp_path / "bench"
-    done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--batch-size", "64",
+    done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--batch-size", "64", "--time-to-accuracy",
                       "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "benchmark.json").read_text())
     assert [r["key"] for r in result["rows"]] == ["article", "hand", "bare", "template-k1", "template-auto",
                                                   "template-torchvision"]
     assert all(r["epoch_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in result["rows"])
+    assert result["steps_per_epoch"] == 4 and all(r["step_us"] == pytest.approx(r["epoch_s"] / 4 * 1e6)
+                                                  for r in result["rows"])
+    # Each row is printed as soon as it is measured: every row's line is in the output, in order.
+    printed = [line.split(" | ")[0].removeprefix("| ") for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert printed[1:] == [r["implementation"] for r in result["rows"]]
     rows = {r["key"]: r for r in result["rows"]}
     assert rows["hand"]["vs_hand"] == 1.0
     assert rows["template-k1"]["steps_per_call"] == 1 and rows["template-auto"]["steps_per_call"] >= 1

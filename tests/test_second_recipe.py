@@ -160,7 +160,7 @@ def test_tensorboard_figures_show_the_recipes_images(second_recipe):
     grid = events.Images("train/first_batch")[0]
     assert (grid.width, grid.height) == (8 * (16 + 2) + 2, 4 * (12 + 2) + 2)  # 32 images of 16 x 12, 8 a row
     confusion = events.Images("val/confusion_matrix")[-1]
-    assert (confusion.width, confusion.height) == (4 * 24, 4 * 24)  # 4 classes
+    assert 4 * 22 < confusion.width < 200 and 4 * 22 < confusion.height < 200  # 4 classes, labelled
 
 
 def test_a_sweep_over_the_recipes_option(second_recipe, tmp_path):
@@ -179,7 +179,7 @@ def test_a_sweep_over_the_recipes_option(second_recipe, tmp_path):
 
 def test_the_benchmark_trains_every_row_on_the_recipes_samples(second_recipe, tmp_path):
     args = ("--epochs", "1", "--limit", "128", "--batch-size", "32", "--accelerator", "cpu", "--data-dir",
-            str(second_recipe["data"]), "--no-time-to-accuracy", "--out", str(tmp_path))
+            str(second_recipe["data"]), "--out", str(tmp_path))
     done = run_in(second_recipe["template"], "benchmark.py", *args)
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "benchmark.json").read_text())

@@ -1,7 +1,9 @@
 """The ways to train the recipe that ``scripts/benchmark.py`` times side by side, all on the same samples.
 
 Every row trains the recipe's network with its loss on the training split of one datamodule
-(the same samples, ``--limit`` included), so samples/s counts what each row trained.
+(the same samples, ``--limit`` included), so samples/s counts what each row trained; every row
+but the article's trains with the run's default optimizer and per-step schedule
+(``optimizer_and_schedule``), so they all do the same work per step.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from project import EVAL_BATCH_SIZE
 from project.config.schema import RunConfig
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, RunsFirst
+from project.training.classifier import optimizer_and_schedule
 from project.training.tensor_data import TensorDataModule, TensorPairs, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
+WARM_UP_STEPS = 3  # of the captured loop, on a side stream, before its capture
 
 
 class EpochTimer:
@@ -52,10 +56,11 @@ class EpochTimer:
             self.seconds = time.perf_counter() - self._t0
 
 
-def autocast(device: torch.device, precision: str) -> Any:
+def autocast(device: torch.device, precision: str, cache: bool = True) -> Any:
+    """The autocast of a mixed precision (``cache=False`` inside a graph capture), else none."""
     if precision.endswith("-mixed"):
         dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
-        return torch.autocast(device.type, dtype=dtype)
+        return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
     return torch.autocast(device.type, enabled=False)
 
 
@@ -74,6 +79,16 @@ class BenchData:
         torch.manual_seed(0)
         module = build_model(self.config)
         return module.model, module.loss
+
+    def steps(self, epochs: int, batch_size: int) -> int:
+        """Optimizer steps in ``epochs`` epochs of these samples."""
+        return epochs * -(-len(self.train) // batch_size)
+
+    def optimizer(self, network: nn.Module, total_steps: int, device: torch.device) -> tuple[Any, Any]:
+        """The run's default optimizer and schedule (what the template trains with), over ``total_steps``."""
+        c = self.config
+        return optimizer_and_schedule(network.parameters(), c.optimizer, c.lr, c.momentum, c.weight_decay,
+                                      c.scheduler, c.warmup_steps, total_steps, device)
 
 
 def bench_data(args: argparse.Namespace) -> BenchData:
@@ -116,13 +131,13 @@ def evaluate(network: nn.Module, test: TensorPairs, device: torch.device, normal
 def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precision: str,
               data: BenchData) -> dict[str, Any]:
     """The article's loop (``kind="article"``: a per-sample Dataset and DataLoader, unnormalised inputs as the
-    article feeds them, fixed only to run), or a lean hand-written one over tensors on the device (batches by
-    shuffled index)."""
+    article feeds them, its plain SGD, fixed only to run), or a lean hand-written one over tensors on the device
+    (batches by shuffled index) with the run's optimizer and schedule."""
     network, loss_fn = data.network()
     network.to(device)
-    optimizer = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR)
     unnormalize: Callable | None = None
     if kind == "article":
+        optimizer, scheduler = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR), None
         loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
         to_pixels = data.datamodule("memory").to_image
         unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
@@ -130,23 +145,23 @@ def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precisi
         def batches() -> Iterable:
             return loader
     else:
+        optimizer, scheduler = data.optimizer(network, data.steps(args.epochs + 1, args.batch_size), device)
         inputs, labels = data.train.inputs.to(device), data.train.targets.to(device)
 
         def batches() -> Iterable:
             order = torch.randperm(len(labels), device=device)
             return ((inputs[i], labels[i]) for i in order.split(args.batch_size))
 
-    times, steps = [], 0
+    times = []
     with counting_syncs(device) as caught:
         for _ in range(args.epochs + 1):
-            times.append(_epoch(network, optimizer, loss_fn, batches(), device, precision))
-            steps += -(-len(data.train) // args.batch_size)
+            times.append(_epoch(network, optimizer, scheduler, loss_fn, batches(), device, precision))
     return {"epoch_times": times[1:], "test_acc": evaluate(network, data.test, device, unnormalize),
-            "syncs_per_step": syncs_in(caught) / steps}
+            "syncs_per_step": syncs_in(caught) / data.steps(args.epochs + 1, args.batch_size)}
 
 
-def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, batches: Iterable,
-           device: torch.device, precision: str) -> float:
+def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, loss_fn: Callable,
+           batches: Iterable, device: torch.device, precision: str) -> float:
     with EpochTimer(device) as timer:
         for inputs, targets in batches:
             inputs = inputs.to(device, non_blocking=True)
@@ -156,7 +171,76 @@ def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callab
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
     return timer.seconds
+
+
+def hand_graphs(args: argparse.Namespace, device: torch.device, precision: str, data: BenchData) -> dict[str, Any]:
+    """The hand-written loop with each step captured once as a CUDA graph and replayed: the bound for this model
+    on this GPU. The step (gather of the batch by index, forward, loss, backward, the SGD update with its
+    momentum and weight decay) reads the LR and momentum from tables on the device, made from the run's own
+    schedule, at a step counter the graph advances; the host copies each batch's indices and replays. The
+    epoch's last, smaller batch runs the same step eagerly. Plain SGD only (the run's default optimizer)."""
+    network, loss_fn = data.network()
+    network.to(device)
+    total = data.steps(args.epochs + 1, args.batch_size)
+    optimizer, scheduler = data.optimizer(network, total, device)
+    group = optimizer.param_groups[0]
+    table = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # stepping the schedule alone, to read it
+        for _ in range(total):
+            table.append((group["lr"], group["momentum"]))
+            if scheduler is not None:
+                scheduler.step()
+    lrs, momenta = torch.tensor(table, device=device).unbind(1)
+    params = list(network.parameters())
+    buffers = [torch.zeros_like(p) for p in params]
+    inputs, labels = data.train.inputs.to(device), data.train.targets.to(device)
+    step = torch.zeros((), dtype=torch.long, device=device)
+    wd, nesterov = group["weight_decay"], group["nesterov"]
+
+    def train_step(index: torch.Tensor) -> None:
+        with autocast(device, precision, cache=False):
+            loss = loss_fn(network(inputs.index_select(0, index)).float(), labels.index_select(0, index))
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            lr, momentum = lrs.index_select(0, step.view(1)).view(()), momenta.index_select(0, step.view(1)).view(())
+            grads = torch._foreach_add(grads, params, alpha=wd)
+            torch._foreach_mul_(buffers, momentum)
+            torch._foreach_add_(buffers, grads)
+            update = torch._foreach_add(grads, torch._foreach_mul(buffers, momentum)) if nesterov else buffers
+            torch._foreach_sub_(params, torch._foreach_mul(update, lr))
+            step.add_(1)
+
+    static = torch.zeros(args.batch_size, dtype=torch.long, device=device)
+    saved = [t.detach().clone() for t in [*params, *buffers, step]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARM_UP_STEPS):
+            train_step(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        train_step(static)
+    with torch.no_grad():  # undo the warm-up and the capture's own step
+        for tensor, value in zip([*params, *buffers, step], saved, strict=True):
+            tensor.copy_(value)
+    times = []
+    with counting_syncs(device) as caught:
+        for _ in range(args.epochs + 1):
+            with EpochTimer(device) as timer:
+                for index in torch.randperm(len(labels), device=device).split(args.batch_size):
+                    if len(index) == args.batch_size:
+                        static.copy_(index)
+                        graph.replay()
+                    else:
+                        train_step(index)
+            times.append(timer.seconds)
+    return {"epoch_times": times[1:], "test_acc": evaluate(network, data.test, device),
+            "syncs_per_step": syncs_in(caught) / total}
 
 
 @contextmanager
@@ -200,24 +284,29 @@ def syncs_in(caught: list[warnings.WarningMessage]) -> int:
 class _Bare(L.LightningModule):
     """The least a LightningModule can be: Lightning's own per-step cost, nothing of the template's."""
 
-    def __init__(self, network: nn.Module, loss_fn: Callable) -> None:
+    def __init__(self, network: nn.Module, loss_fn: Callable, optimizer: Callable[[nn.Module], Any]) -> None:
         super().__init__()
         self.net = network
         self.loss_fn = loss_fn
+        self.make_optimizer = optimizer
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         return self.loss_fn(self.net(x), y)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=ARTICLE_LR)
+    def configure_optimizers(self) -> Any:
+        optimizer, scheduler = self.make_optimizer(self.net)
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def bare_lightning(args: argparse.Namespace, device: torch.device, precision: str, data: BenchData) -> dict[str, Any]:
     """A minimal LightningModule on the same in-memory tensors: no callbacks, logger, bar or validation."""
     train = data.train.to(device)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=RandomSampler(train), collate_fn=keep_batch)
-    stats, module = EpochStats(), _Bare(*data.network())
+    total = data.steps(args.epochs + 1, args.batch_size)
+    stats, module = EpochStats(), _Bare(*data.network(), lambda net: data.optimizer(net, total, device))
     trainer = L.Trainer(accelerator=device.type, devices=1, precision=precision, max_epochs=args.epochs + 1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[stats], limit_val_batches=0)
@@ -226,17 +315,17 @@ def bare_lightning(args: argparse.Namespace, device: torch.device, precision: st
     return {"epoch_times": stats.epoch_times[1:], "test_acc": evaluate(module.net, data.test, device)}
 
 
-def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str,
-             loader: str = "memory") -> dict[str, Any]:
-    """``train()`` itself on the article's recipe; on a GPU, with the host syncs it made per step."""
+def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str, loader: str = "memory",
+             cuda_graphs: bool | str = False) -> dict[str, Any]:
+    """``train()`` itself, with the run's default optimizer and schedule; on a GPU, with the host syncs it made per
+    step."""
     from project.hardware.devices import resolve_accelerator
     from project.training.run import train
 
     with tempfile.TemporaryDirectory() as logdir:
         config = data.config.replace(
             logdir=logdir, name="bench", max_epochs=args.epochs + 1, loader=loader, steps_per_call=steps_per_call,
-            optimizer="sgd", lr=ARTICLE_LR, momentum=0.0, weight_decay=0.0, scheduler="none",
-            trainer={"enable_progress_bar": False},
+            cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": False},
         )
         device = torch.device(resolve_accelerator(args.accelerator))
         with counting_syncs(device, from_start=False) as caught:
@@ -244,4 +333,5 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
             result = train(config, datamodule=data.datamodule(loader), callbacks=callbacks)
     return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
+            "cuda_graphs": result.step_mode == "graphs",
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

@@ -25,17 +25,21 @@ from project.results.figures import pyplot
 from project.training.console import quiet_known_warnings
 
 ROWS = {
-    "article": "article loop (per-sample DataLoader)",
+    "article": "article loop (per-sample DataLoader, its plain SGD)",
     "hand": "hand-written tensor loop",
+    "hand-graphs": "hand-written loop, CUDA graphs",
     "bare": "bare Lightning (no callbacks, logger or bar)",
     "template-k1": "template, steps per call 1",
     "template-auto": "template, steps per call auto",
+    "template-graphs": "template, steps per call auto, CUDA graphs",
     "template-torchvision": "template, torchvision loader",
 }
-REFERENCE = "hand"
+GPU_ROWS = ("hand-graphs", "template-graphs")  # CUDA graphs: on a GPU only
+REFERENCES = {"vs_hand": "hand", "vs_hand_graphs": "hand-graphs"}
 
 
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Every row, each printed (stdout) and written to ``out`` as soon as it is measured."""
     quiet_known_warnings()
     device = torch.device(available_accelerator(args.accelerator))
     precision = resolve_precision(args.precision, args.accelerator)
@@ -43,43 +47,67 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "article": lambda: bench_loops.hand_loop("article", args, device, precision, data),
         "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, data),
+        "hand-graphs": lambda: bench_loops.hand_graphs(args, device, precision, data),
         "bare": lambda: bench_loops.bare_lightning(args, device, precision, data),
         "template-k1": lambda: bench_loops.template(args, data, 1),
         "template-auto": lambda: bench_loops.template(args, data, "auto"),
+        "template-graphs": lambda: bench_loops.template(args, data, "auto", cuda_graphs=True),
         "template-torchvision": lambda: bench_loops.template(args, data, 1, "torchvision"),
     }
+    missing = {}
     if data.per_sample is None:  # the recipe has no per-sample dataset: the rows that need one cannot run
-        for key in ("article", "template-torchvision"):
-            runners.pop(key)
-    wanted = [k for k in ROWS if k in runners] if args.only == "all" else \
+        missing.update(dict.fromkeys(("article", "template-torchvision"), "it needs the recipe's per-sample dataset, "
+                                     "load_samples"))
+    if device.type != "cuda":
+        missing.update(dict.fromkeys(GPU_ROWS, "CUDA graphs need a GPU"))
+    elif precision == "16-mixed" or data.config.optimizer != "sgd":
+        missing["hand-graphs"] = "the hand-written captured loop is plain SGD without a loss scaler"
+    wanted = [k for k in ROWS if k not in missing] if args.only == "all" else \
         [k.strip() for k in args.only.split(",") if k.strip()]
-    unknown = [k for k in wanted if k not in runners]
+    unknown = next((k for k in wanted if k not in runners or k in missing), None)
     if unknown:
-        why = " (it needs the recipe's per-sample dataset, load_samples)" if unknown[0] in ROWS else ""
-        raise UsageError(f"--only {unknown[0]}: choose from {', '.join(runners)}{why}")
-    rows = []
+        why = f" ({missing[unknown]})" if unknown in missing else ""
+        raise UsageError(f"--only {unknown}: choose from {', '.join(k for k in runners if k not in missing)}{why}")
+    results = {
+        "device": str(device), "precision": precision, "batch_size": args.batch_size,
+        "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": RECIPE.name,
+        "steps_per_epoch": data.steps(1, args.batch_size),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    print(_header(results), flush=True)
     for key in wanted:
         print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
         measured = runners[key]()
         epoch = statistics.median(measured["epoch_times"])
-        rows.append({"key": key, "implementation": ROWS[key], "epoch_s": epoch,
-                     "samples_per_s": len(data.train) / epoch, **measured})
-    reference = next((r["epoch_s"] for r in rows if r["key"] == REFERENCE), None)
-    for row in rows:
-        row["vs_hand"] = row["epoch_s"] / reference if reference else None
-    return {
-        "device": str(device), "precision": precision, "batch_size": args.batch_size,
-        "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": RECIPE.name,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
-    }
+        row = {"key": key, "implementation": ROWS[key], "epoch_s": epoch,
+               "step_us": epoch / results["steps_per_epoch"] * 1e6, "samples_per_s": len(data.train) / epoch,
+               **measured}
+        for name, reference in REFERENCES.items():
+            base = next((r["epoch_s"] for r in [*results["rows"], row] if r["key"] == reference), None)
+            row[name] = epoch / base if base else None
+        results["rows"].append(row)
+        print(_row(row, results), flush=True)
+        _write(results, out)
+    return results
+
+
+IMPORTS = "import torch, lightning, torchvision, torchmetrics"  # what any script of the kind must import
 
 
 def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]:
     """The whole default ``train.py`` command, imports included: time until it prints the test
-    accuracy, and until it exits (it draws the end-of-run figures after printing)."""
+    accuracy, and until it exits (it draws the end-of-run figures after printing); and its own time,
+    the wall time less that of importing the libraries it is built on, in a fresh interpreter
+    on the same machine (the faster of two)."""
     env = dict(os.environ)
     if data_dir:
         env["DATA_DIR"] = str(data_dir)
+    imports = []
+    for _ in range(2):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", IMPORTS], env=env, check=True)
+        imports.append(time.perf_counter() - started)
     accuracy, printed_at = None, None
     with tempfile.TemporaryDirectory() as logdir:
         started = time.perf_counter()
@@ -91,39 +119,64 @@ def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]
                     printed_at, accuracy = time.perf_counter() - started, float(match.group(1))
         wall = time.perf_counter() - started
     return {"command": "python scripts/train.py", "printed_s": printed_at, "wall_s": wall, "test_acc": accuracy,
-            "exit_code": process.returncode}
+            "exit_code": process.returncode, "imports_s": min(imports), "own_s": wall - min(imports)}
+
+
+def _gpu(results: dict[str, Any]) -> bool:
+    return results["device"].startswith("cuda")
+
+
+def _header(results: dict[str, Any]) -> str:
+    gpu = _gpu(results)
+    timing = "CUDA events" if gpu else "the host's clock"
+    return "\n".join([
+        f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
+        f"{results['train_samples']} samples ({results['steps_per_epoch']} steps) per epoch; median of "
+        f"{results['timed_epochs']} timed epochs after one warm-up epoch, timed with {timing}",
+        "",
+        "| implementation | epoch time (s) | µs per step | samples/s | vs hand-written |"
+        + (" vs hand captured |" if gpu else "") + " test acc | steps per call |" + (" host syncs per step |" if gpu
+                                                                                   else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|" + ("---:|" if gpu else ""),
+    ])
+
+
+def _row(r: dict[str, Any], results: dict[str, Any]) -> str:
+    gpu = _gpu(results)
+
+    def ratio(name: str) -> str:
+        return f"{r[name]:.2f}x" if r.get(name) else "-"
+
+    syncs = (f" {r['syncs_per_step']:.2f} |" if "syncs_per_step" in r else " - |") if gpu else ""
+    return (f"| {r['implementation']} | {r['epoch_s']:.3f} | {r['step_us']:,.0f} | {r['samples_per_s']:,.0f} | "
+            f"{ratio('vs_hand')} |" + (f" {ratio('vs_hand_graphs')} |" if gpu else "")
+            + f" {r['test_acc']:.4f} | {r.get('steps_per_call', '-')} |{syncs}")
 
 
 def _markdown(results: dict[str, Any]) -> str:
-    gpu = results["device"].startswith("cuda")
-    lines = [
-        f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
-        f"{results['train_samples']} samples/epoch, median of {results['timed_epochs']} epochs after a warm-up",
-        "",
-        "| implementation | epoch time (s) | samples/s | vs hand-written | test acc | steps per call |"
-        + (" host syncs per step |" if gpu else ""),
-        "|---|---:|---:|---:|---:|---:|" + ("---:|" if gpu else ""),
-    ]
-    for r in results["rows"]:
-        ratio = f"{r['vs_hand']:.2f}x" if r["vs_hand"] else "-"
-        syncs = f" {r['syncs_per_step']:.2f} |" if gpu and "syncs_per_step" in r else (" - |" if gpu else "")
-        lines.append(f"| {r['implementation']} | {r['epoch_s']:.3f} | {r['samples_per_s']:,.0f} | {ratio} | "
-                     f"{r['test_acc']:.4f} | {r.get('steps_per_call', '-')} |{syncs}")
+    lines = [_header(results), *(_row(r, results) for r in results["rows"])]
     tta = results.get("time_to_accuracy")
     if tta:
         acc = f"{tta['test_acc']:.4f}" if tta["test_acc"] is not None else "n/a"
         printed = f"{tta['printed_s']:.1f} s" if tta["printed_s"] is not None else "n/a"
         lines += ["", f"time to accuracy: `{tta['command']}` printed test acc {acc} after {printed} "
-                      f"(imports, data, fit, test); the process ended after {tta['wall_s']:.1f} s"]
+                      f"(imports, data, fit, test); the process ended after {tta['wall_s']:.1f} s, of which "
+                      f"{tta['imports_s']:.1f} s import torch, Lightning, torchvision and torchmetrics: its own time "
+                      f"{tta['own_s']:.1f} s"]
     return "\n".join(lines) + "\n"
 
 
-def report(results: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    markdown = _markdown(results)
-    print(markdown)
+def _write(results: dict[str, Any], out: Path) -> None:
     (out / "benchmark.json").write_text(json.dumps(results, indent=2))
-    (out / "benchmark.md").write_text(markdown)
+    (out / "benchmark.md").write_text(_markdown(results))
+
+
+def report(results: dict[str, Any], out: Path) -> None:
+    """The files once more (with the whole command's time, if measured) and the chart."""
+    _write(results, out)
+    tta = results.get("time_to_accuracy")
+    if tta:
+        print(_markdown(results).splitlines()[-1], flush=True)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
     labels = [r["implementation"] for r in results["rows"]]
@@ -133,4 +186,4 @@ def report(results: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "benchmark.png", dpi=120)
     plt.close(fig)
-    print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}")
+    print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}", file=sys.stderr)

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
 from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config
-from project.config.validators import count_or_auto, flag, one_of, positive_int, size_or_share
+from project.config.validators import count_or_auto, flag, flag_or_auto, one_of, positive_int, size_or_share
 from project.errors import UsageError
 
 GROUPS = ("hardware", "recipe", "model", "data", "run")
@@ -54,7 +54,7 @@ def build_parser(prog: str = "train.py") -> OneLineParser:
         default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
         shown = "" if default is None or default is False else f" (default: {_shown(default)})"
         options: dict[str, Any] = {"help": (meta["help"] + shown).strip() or None}
-        if meta["check"] is flag:
+        if meta["check"] in (flag, flag_or_auto):
             options["action"] = argparse.BooleanOptionalAction
         else:
             options.update(type=argparse_type(meta["check"]), metavar=meta["metavar"] or name.upper())
@@ -180,14 +180,15 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("benchmark.py", description)
     count = argparse_type(positive_int)
     parser.add_argument("--batch-size", type=count, default=64)
-    parser.add_argument("--epochs", type=count, default=3, help="timed epochs, after one warm-up epoch")
+    parser.add_argument("--epochs", type=count, default=3, help="timed epochs; each row trains one more first, "
+                        "untimed (warm-up: allocations, kernel selection, capture)")
     parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
     parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
     parser.add_argument("--only", default="all", help="rows to run: all, or e.g. hand,template-auto")
-    parser.add_argument("--no-time-to-accuracy", action="store_true",
-                        help="skip timing the whole default scripts/train.py command")
+    parser.add_argument("--time-to-accuracy", action="store_true",
+                        help="also time the whole default scripts/train.py command, imports included")
     parser.add_argument("--out", default="benchmark-results", help="folder for benchmark.json/.md/.png")
     return parser.parse_args()
 

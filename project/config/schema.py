@@ -17,6 +17,7 @@ from project.config.validators import (
     count_or_auto,
     devices_spec,
     flag,
+    flag_or_auto,
     memory_fraction,
     non_negative_float,
     non_negative_int,
@@ -74,8 +75,9 @@ class EngineSettings:
                                   "reduce-overhead uses CUDA graphs on GPU)", "hardware", const="default",
                                   metavar="MODE")
     detect_anomaly: bool = setting(False, flag, "autograd anomaly detection (slow; debugging)", "hardware")
-    cuda_graphs: bool = setting(False, flag, "capture each optimizer step as a CUDA graph and replay it "
-                                "(GPU, steps per call > 1, full precision; experimental)", "hardware")
+    cuda_graphs: bool | str = setting("auto", flag_or_auto, "replay each optimizer step from a CUDA graph (auto: on "
+                                      "a GPU wherever it is the same training; --no-cuda-graphs: off; on CPU, "
+                                      "--cuda-graphs runs the captured step's arithmetic eagerly)", "hardware")
     steps_per_call: int | str = setting("auto", count_or_auto, "optimizer steps per Lightning step (same training, "
                                         "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
     # recipe

@@ -62,6 +62,13 @@ def flag(value: Any) -> bool:
     raise ValueError(f"must be true or false, got {value!r}")
 
 
+def flag_or_auto(value: Any) -> bool | str:
+    """An on/off setting whose default, ``auto``, is decided by the run (on where it can be)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return flag(value)
+
+
 def text(value: Any) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ValueError(f"must be a string, got {value!r}")

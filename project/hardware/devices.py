@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -142,6 +143,19 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def warm_up_cuda(accelerator: str) -> None:
+    """Start the CUDA context and load cuBLAS on a helper thread, while the run reads its data and builds its
+    objects on this one (a few tenths of a second a GPU run would otherwise wait for at its first step)."""
+    if resolve_accelerator(accelerator) != "cuda" or torch.cuda.is_initialized():
+        return
+
+    def warm() -> None:
+        square = torch.ones(64, 64, device="cuda")
+        torch.mm(square, square)
+
+    threading.Thread(target=warm, name="cuda-warm-up", daemon=True).start()
 
 
 def release_cuda_cache() -> None:

@@ -107,7 +107,9 @@ class RunRecord(Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call}
+        # K as it is now: auto follows the run's step time.
+        steps_per_call = getattr(trainer.datamodule, "steps_per_call", self.steps_per_call)
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": steps_per_call}
         self._flush(trainer)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,

@@ -12,13 +12,29 @@ import os
 import shutil
 import subprocess
 
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+# Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
+MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 
-def slurm_plugins() -> list[SLURMEnvironment]:
-    """Inside a SLURM job step: SLURM's ranks and world size, without Lightning's SIGUSR1 handler."""
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+def cluster_plugins() -> list[ClusterEnvironment]:
+    """The cluster environment of this run, for the Trainer: SLURM's ranks and world size without Lightning's
+    SIGUSR1 handler inside a SLURM job step; Lightning's own detection under another launcher; else the plain
+    environment, said outright: Lightning's detection would import mpi4py where it is installed, and starting
+    MPI costs a GPU run a large share of its own time."""
+    if SLURMEnvironment.detect():
+        return [SLURMEnvironment(auto_requeue=False)]
+    if any(key in os.environ for key in MPI_LAUNCHERS) or TorchElasticEnvironment.detect() or LSFEnvironment.detect():
+        return []
+    return [LightningEnvironment()]
 
 
 def requeue_this_job() -> str:

@@ -23,7 +23,7 @@ from project.config.schema import LOGGERS, RECIPE, RunConfig
 from project.errors import UsageError
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.ddp_faults import OneFailureEndsTheJob
-from project.reliability.slurm import slurm_plugins
+from project.reliability.slurm import cluster_plugins
 from project.results.tensorboard_figures import TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
@@ -35,7 +35,7 @@ from project.training.callbacks import (
     ScheduleResumeCheck,
 )
 from project.training.classifier import ClassifierModule
-from project.training.steps_per_call import SharedStepCount, StepProgressBar
+from project.training.steps_per_call import AutoStepsPerCall, SharedStepCount, StepProgressBar
 from project.training.tensor_data import TensorDataModule
 
 
@@ -47,12 +47,15 @@ def build_datamodule(config: RunConfig) -> TensorDataModule:
     )
 
 
-def build_model(config: RunConfig, steps_per_call: int = 1) -> ClassifierModule:
-    """The recipe's module: its own options from ``config``, and the engine's training settings."""
+def build_model(config: RunConfig, steps_per_call: int = 1, step_mode: str = "off",
+                grouped: bool | None = None) -> ClassifierModule:
+    """The recipe's module: its own options from ``config``, and the engine's training settings (``step_mode``:
+    ``project.hardware.cuda_graphs.capture_plan``; ``grouped``: the datamodule's, groups of batches per step)."""
     model = RECIPE.module_class()(**RECIPE.options_of(config), optimizer=config.optimizer, lr=config.lr,
                                   momentum=config.momentum, weight_decay=config.weight_decay,
                                   scheduler=config.scheduler, warmup_steps=config.warmup_steps,
-                                  steps_per_call=steps_per_call, cuda_graphs=config.cuda_graphs)
+                                  steps_per_call=steps_per_call, step_mode=step_mode, grouped=grouped)
+    model.auto_steps_per_call = config.steps_per_call == "auto"
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
@@ -114,6 +117,8 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
                                  ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))
+    if steps_per_epoch and config.steps_per_call == "auto":
+        callbacks.append(AutoStepsPerCall())
     if animated_progress(config):
         callbacks.append(StepProgressBar(steps_per_epoch) if steps_per_epoch else LoggedLossBar())
     elif "enable_progress_bar" not in config.trainer:
@@ -160,7 +165,7 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
         enable_model_summary=False,
         enable_progress_bar=animated_progress(config),
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
-        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+        plugins=[AtomicCheckpointIO(), *cluster_plugins()],
         # The datamodule shards every split itself (resumable, evaluation unpadded); Lightning's own
         # sampler cannot wrap the one-process batch sampler that a one-device DDP or FSDP run keeps.
         use_distributed_sampler=False,

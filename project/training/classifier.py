@@ -16,20 +16,15 @@ import lightning as L
 import torch
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
 from project import OPTIMIZERS, SCHEDULERS
 from project.errors import CheckpointError
-from project.hardware.cuda_graphs import GraphedStep
+from project.hardware.cuda_graphs import StepRunner
 from project.reliability.checkpointing import atomic_save
-from project.training.steps_per_call import run_steps
+from project.training.device_step import RunningAccuracy
+from project.training.steps_per_call import retime, run_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-def accuracy_metric(num_classes: int) -> MulticlassAccuracy:
-    # validate_args=False: the inputs are ours and well-formed; the checks cost a host sync per step.
-    return MulticlassAccuracy(num_classes=num_classes, average="micro", validate_args=False)
 
 
 def default_warmup(total_steps: int) -> int:
@@ -56,6 +51,44 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def optimizer_and_schedule(parameters: Any, optimizer: str, lr: float, momentum: float, weight_decay: float,
+                           scheduler: str, warmup_steps: int | None, total_steps: int, device: torch.device,
+                           capturable: bool = False) -> tuple[torch.optim.Optimizer, Any]:
+    """The run's optimizer and its per-step LR schedule (None for ``none``); the benchmark's loops use it too.
+
+    ``capturable``: Adam and AdamW read the LR from a tensor (which a captured step fills from the schedule).
+    """
+    # Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step.
+    fused = {"fused": True} if device.type == "cuda" else {}
+    adam_capturable = capturable and optimizer != "sgd"
+    rate = torch.tensor(lr, device=device) if adam_capturable else lr
+    adam_options = {"capturable": True} if adam_capturable else fused
+    if optimizer == "sgd":
+        built: torch.optim.Optimizer = torch.optim.SGD(parameters, lr=rate, momentum=momentum,
+                                                       weight_decay=weight_decay, nesterov=momentum > 0, **fused)
+        if fused and momentum > 0:
+            # Fused SGD makes its momentum buffers with empty_like at the first step: one that 16-mixed's loss
+            # scaler skips leaves them uninitialised, and the weights turn to NaN a step later. Zeros are what a
+            # first step starts from (the same weights, bit for bit).
+            for group in built.param_groups:
+                for p in group["params"]:
+                    built.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    elif optimizer == "adam":
+        built = torch.optim.Adam(parameters, lr=rate, weight_decay=weight_decay, **adam_options)
+    else:
+        built = torch.optim.AdamW(parameters, lr=rate, weight_decay=weight_decay, **adam_options)
+    if scheduler == "none":
+        return built, None
+    if scheduler == "cosine":
+        warmup = default_warmup(total_steps) if warmup_steps is None else warmup_steps
+        return built, WarmupCosine(built, total_steps, warmup)
+    # One-cycle also cycles SGD's momentum (0.95 -> 0.85 -> 0.95, PyTorch's defaults) against the LR, in place of
+    # --momentum; --momentum 0 keeps plain SGD without momentum.
+    cycle = optimizer != "sgd" or momentum > 0
+    return built, torch.optim.lr_scheduler.OneCycleLR(built, max_lr=lr, total_steps=total_steps,
+                                                      cycle_momentum=cycle)
+
+
 class ClassifierModule(L.LightningModule):
     """Trains ``network`` (any ``nn.Module`` from inputs to class scores) to classify ``num_classes`` classes.
 
@@ -80,7 +113,8 @@ class ClassifierModule(L.LightningModule):
         scheduler: str = "onecycle",
         warmup_steps: int | None = None,
         steps_per_call: int = 1,
-        cuda_graphs: bool = False,
+        step_mode: str = "off",
+        grouped: bool | None = None,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -96,19 +130,29 @@ class ClassifierModule(L.LightningModule):
         )
         self.model = network
         self.num_classes = num_classes
-        self.train_acc, self.val_acc, self.test_acc = (accuracy_metric(num_classes) for _ in range(3))
+        # Counted in place and without a host sync: a captured step replays the training one's update.
+        self.train_acc, self.val_acc, self.test_acc = RunningAccuracy(), RunningAccuracy(), RunningAccuracy()
         # No train loss metric: the step losses the logger writes are the training curve,
         # and a per-step MeanMetric update would cost more than a small model's own step.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
         self.steps_per_call = steps_per_call
-        self.automatic_optimization = steps_per_call == 1
-        self.cuda_graphs = cuda_graphs
-        self.graphed_step = GraphedStep(self, self.batch_loss) if cuda_graphs else None
+        self.automatic_optimization = not (steps_per_call > 1 if grouped is None else grouped)
+        # "graphs": each optimizer step of a group replayed from a CUDA graph; "device": the same step, uncaptured.
+        self.step_mode = step_mode
+        self.step_runner = StepRunner(step_mode, self._retimed) if step_mode != "off" and \
+            not self.automatic_optimization else None
+        self.auto_steps_per_call = False  # set by the engine: K follows the measured step time
+        self.step_seconds: float | None = None  # of a captured step, timed after its capture
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+    def _retimed(self, step_seconds: float) -> None:
+        self.step_seconds = step_seconds
+        if self.auto_steps_per_call:
+            retime(self.trainer, step_seconds)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The training and evaluation loss of the network's outputs: cross-entropy of logits."""
@@ -124,14 +168,14 @@ class ClassifierModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if not self.automatic_optimization:
-            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.graphed_step)
+            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.step_runner)
         loss = self.batch_loss(batch)
         # self.log costs more than a small model's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/loss", loss.detach())  # not prog_bar: see LoggedLossBar
         return loss
 
-    def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy) -> torch.Tensor:
+    def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: RunningAccuracy) -> torch.Tensor:
         x, y = batch
         outputs = self.model(x)
         loss.update(self.loss(outputs, y), weight=y.shape[0])
@@ -194,32 +238,12 @@ class ClassifierModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = self.model.parameters()
-        # Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step.
-        # A captured step reads the LR from a tensor, which the schedule then updates in place.
-        fused = {"fused": True} if self.device.type == "cuda" else {}
-        lr = torch.tensor(hp.lr, device=self.device) if self.cuda_graphs else hp.lr
-        if hp.optimizer == "sgd":
-            optimizer = torch.optim.SGD(params, lr=lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
-                                        nesterov=hp.momentum > 0, **fused)
-        elif hp.optimizer == "adam":
-            optimizer = torch.optim.Adam(params, lr=lr, weight_decay=hp.weight_decay,
-                                         **({"capturable": True} if self.cuda_graphs else fused))
-        else:
-            optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=hp.weight_decay,
-                                          **({"capturable": True} if self.cuda_graphs else fused))
-        if hp.scheduler == "none":
+        optimizer, scheduler = optimizer_and_schedule(
+            self.model.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay, hp.scheduler,
+            hp.get("warmup_steps"), self.optimizer_steps() if hp.scheduler != "none" else 0, self.device,
+            capturable=self.step_mode == "graphs")
+        if scheduler is None:
             return optimizer
-        total = self.optimizer_steps()
-        if hp.scheduler == "cosine":
-            warmup = hp.get("warmup_steps")
-            scheduler: Any = WarmupCosine(optimizer, total, default_warmup(total) if warmup is None else warmup)
-        else:
-            # One-cycle also cycles SGD's momentum (0.95 -> 0.85 -> 0.95, PyTorch's defaults) against the LR,
-            # in place of --momentum; --momentum 0 keeps plain SGD without momentum.
-            cycle = hp.optimizer != "sgd" or hp.momentum > 0
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=total,
-                                                            cycle_momentum=cycle)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def optimizer_steps(self) -> int:

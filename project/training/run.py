@@ -17,13 +17,14 @@ from lightning.pytorch.callbacks import Callback
 
 from project.config.schema import RunConfig
 from project.errors import Terminated, UsageError, UserError
-from project.hardware.cuda_graphs import check_cuda_graphs
+from project.hardware.cuda_graphs import capture_plan
 from project.hardware.devices import (
     expected_world_size,
     peak_memory_mb,
     release_cuda_cache,
     resolve_accelerator,
     resolve_hardware,
+    warm_up_cuda,
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
@@ -37,12 +38,11 @@ from project.reliability.run_files import (
 )
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.results.export import check_exportable, save_program
-from project.results.tensorboard_figures import TensorBoardFigures
 from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
 from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
 from project.training.plan import train_batches
-from project.training.steps_per_call import plan_steps
+from project.training.steps_per_call import CAPTURED_STEP, LIGHTNING_STEP_OVERHEAD_S, plan_steps
 from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
 
@@ -63,6 +63,8 @@ class RunResult:
     epoch_times: list[float] = field(default_factory=list)
     steps_per_call: int = 1
     steps_reason: str = ""
+    step_mode: str = "off"  # graphs, device or off: project.hardware.cuda_graphs
+    step_mode_reason: str = ""
     optimizer_steps: int = 0
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
@@ -92,6 +94,9 @@ class RunResult:
             f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
             f"steps per call {self.steps_per_call} ({self.steps_reason})",
         ]
+        if self.device.startswith("cuda") or self.step_mode != "off":
+            state = {"graphs": " on", "device": "' step run eagerly"}.get(self.step_mode, " off")
+            lines.append(f"CUDA graphs{state} ({self.step_mode_reason})")
         if self.program:
             lines.append(f"portable program {self.program}  (torch.export.load(path).module(); {self.program_input})")
         if self.run_dir:
@@ -111,18 +116,16 @@ def test_line(metrics: dict[str, float]) -> str:
 
 
 def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, callbacks: Sequence[Callback] = (),
-          test: bool = True, figures_in_background: bool = False,
-          on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+          test: bool = True, on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
 
     ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
     the template's, ``test=False`` stops after fitting, ``on_tested`` receives the test metrics
     (on rank 0) as soon as they exist, before anything that could still fail.
-    ``figures_in_background`` returns while the test figures are still being drawn (a second
-    or two of matplotlib); the interpreter waits for them before it exits.
     """
     quiet_known_warnings()
     config = resolve_hardware(config)
+    warm_up_cuda(config.accelerator)
     L.seed_everything(config.seed, workers=True, verbose=False)
     if datamodule is None:
         datamodule = build_datamodule(config)
@@ -136,8 +139,9 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     steps_per_call, steps_reason = plan_steps(config, datamodule)
     if resume and resume.chose_steps_per_call(steps_per_call):
         steps_reason = "auto: as the run it resumes chose"
-    check_cuda_graphs(config, resolve_accelerator(config.accelerator), steps_per_call)
-    model = build_model(config, steps_per_call)
+    step_mode, step_mode_reason = capture_plan(config, resolve_accelerator(config.accelerator), steps_per_call,
+                                               steps_reason.removeprefix("auto: "))
+    model = build_model(config, steps_per_call, step_mode, datamodule.grouped)
     load_initial_weights(model, config)
     if config.export_pt2:
         check_exportable(model, datamodule.input_shape)
@@ -145,7 +149,7 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     with stop_signals() as signals:
         stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
         trainer = build_trainer(config, [*callbacks, record, stopper],
-                                steps_per_epoch=datamodule.steps_per_epoch() if steps_per_call > 1 else None)
+                                steps_per_epoch=datamodule.steps_per_epoch() if datamodule.grouped else None)
         config = record.config = tune(trainer, model, datamodule, config)
         log_run_text(trainer, config)
         config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
@@ -160,15 +164,28 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
             test_metrics=dict(metrics), best_val=best_val,
             peak_memory_mb=peak_memory_mb(device), device=str(device),
             epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
-            config_file=config_file, steps_per_call=steps_per_call, steps_reason=steps_reason,
-            optimizer_steps=trainer.global_step,
+            config_file=config_file, optimizer_steps=trainer.global_step,
+            **steps_taken(datamodule, model, steps_per_call, steps_reason, step_mode, step_mode_reason),
         )
         if trainer.is_global_zero and not config.fast_dev_run:
             finish(trainer, model, result, signals, on_tested if test else None)
-    figures = next((cb for cb in trainer.callbacks if isinstance(cb, TensorBoardFigures)), None)
-    if figures is not None and figures.drawing is not None and not figures_in_background:
-        figures.drawing.join()
     return result
+
+
+def steps_taken(datamodule: TensorDataModule, model: L.LightningModule, planned: int, reason: str, mode: str,
+                mode_reason: str) -> dict[str, object]:
+    """How the steps ran in the end: ``auto`` follows the measured step time, and a capture that could not be
+    made handed the run to the eager steps."""
+    k, timed = datamodule.steps_per_call, getattr(model, "step_seconds", None)
+    if reason == CAPTURED_STEP:
+        reason = f"auto: a captured step takes {timed * 1e3:.3f} ms, Lightning's per-step cost about " \
+                 f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms" if timed else f"auto: {k}, the most (no step was captured)"
+    elif k != planned:
+        reason += f"; {planned} at first, then {k} as the run timed its own steps"
+    runner = getattr(model, "step_runner", None)
+    if runner is not None and runner.mode == "off":
+        mode, mode_reason = "off", runner.reason
+    return {"steps_per_call": k, "steps_reason": reason, "step_mode": mode, "step_mode_reason": mode_reason}
 
 
 def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,

@@ -73,7 +73,10 @@ class EpochBatches(Sampler[torch.Tensor]):
         if not len(order):  # resumed from the end of this epoch, before Lightning moved on: the next one
             epoch += 1
             order = epoch_order(self.size, self.seed, epoch, None)
-        order = order.to(self.device)
+        if self.device.type == "cuda":  # from pinned memory, without waiting for the work queued before it
+            order = order.pin_memory().to(self.device, non_blocking=True)
+        else:
+            order = order.to(self.device)
         self.epoch_start_step = step - (self.size - len(order)) // self.batch_size
         self._resume_at = None
         start = 0

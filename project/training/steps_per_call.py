@@ -23,12 +23,14 @@ from lightning.pytorch.callbacks import Callback
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.callbacks import LoggedLossBar
+from project.training.device_step import advance_schedule
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
 # scripts/benchmark.py, per step, on the 2-core CPU (1.1 ms at batch 64, 1.2 ms at 256); auto
 # chooses K so that it is at most ~5 % of K steps' math.
 LIGHTNING_STEP_OVERHEAD_S = 1e-3
+CAPTURED_STEP = "auto: from the captured step's time"  # the reason until the capture has timed it
 # Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
 WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
 # Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
@@ -69,11 +71,20 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
         return int(config.steps_per_call), "as asked"
     if reason:
         return 1, f"auto: {reason}"
+    if device.type == "cuda" and _will_capture(config):
+        return steps_for(0.0001, config.log_every_n_steps), CAPTURED_STEP
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
         step = measure_step_seconds(config, datamodule, device)
-    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step))))
-    return k, f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's per-step cost about " \
-              f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
+    return steps_for(step, config.log_every_n_steps), f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's " \
+                                                      f"per-step cost about {LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
+
+
+def _will_capture(config: RunConfig) -> bool:
+    """Whether the run's steps will be captured: their time is measured then, an eager probe would be wasted."""
+    from project.hardware.cuda_graphs import capture_plan
+
+    return capture_plan(config.replace(cuda_graphs="auto" if config.cuda_graphs else False), "cuda", AUTO_MAX)[0] \
+        == "graphs"
 
 
 def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
@@ -86,6 +97,8 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
                                       torch.device(resolve_accelerator(config.accelerator)), datamodule)
     # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
     datamodule.steps_per_call = k
+    # Groups (the module steps itself) wherever K may change: auto may raise a K of 1 as the run goes.
+    datamodule.grouped = k > 1 or (config.steps_per_call == "auto" and why_one_step(config, world_size) is None)
     datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
     return k, reason
 
@@ -128,56 +141,118 @@ def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.devic
 
 def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
               batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
-              graphed: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor] | None = None) -> torch.Tensor:
+              runner: Any = None) -> torch.Tensor:
     """One optimizer step per batch of ``group``: ``batch_loss``, backward, step, schedule; the losses.
 
     Each step calls the optimizer itself and counts itself in ``global_step``: Lightning's
     per-step backward and optimizer hooks would cost more than a small model's step. With a loss
     scaler (16-mixed) steps go through ``manual_backward`` and Lightning's optimizer wrapper,
     which scale and unscale each one. The step loss and LR are logged for the last step, which
-    is where groups end when a logging step is due, at the step Lightning uses. ``graphed``
-    (``--cuda-graphs``) replays a captured step for every full-size batch.
+    is where groups end when a logging step is due, at the step Lightning uses. ``runner``
+    (``project/hardware/cuda_graphs.py``) takes the whole group as device-side steps, replayed
+    from a CUDA graph, unless it has handed the run back to these eager steps.
     """
     trainer = module.trainer
     optimizer = module.optimizers()
     scheduler = module.lr_schedulers()
-    scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
-    images, targets = group
-    losses = []
-    batches = list(zip(images.split(batch_size), targets.split(batch_size), strict=True))
-    for index, batch in enumerate(batches):
-        if index == len(batches) - 1:  # the LR this step uses (a copy: a tensor LR changes in place)
-            lr = optimizer.param_groups[0]["lr"]
-            lr = lr.clone() if torch.is_tensor(lr) else lr
-        if graphed is not None and len(batch[1]) == batch_size:
-            loss = graphed(batch)
-        elif scaled:
-            loss = batch_loss(batch)
-            optimizer.zero_grad(set_to_none=True)
-            module.manual_backward(loss)
-            optimizer.step()
-        else:
-            loss = batch_loss(batch)
-            optimizer.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.optimizer.step()
-            count_optimizer_step(trainer)
-        if scheduler is not None:
-            scheduler.step()
-        losses.append(loss.detach())
+    losses = runner.run(module, group, batch_size) if runner is not None else None
+    if losses is not None:
+        count_optimizer_steps(trainer, len(losses))
+        advance_schedule(scheduler, len(losses) - 1)
+        lr = _current_lr(optimizer)
+        advance_schedule(scheduler, 1)
+    else:
+        losses, lr = _eager_steps(module, group, batch_size, batch_loss, optimizer, scheduler)
     if trainer.global_step % trainer.log_every_n_steps == 0:
         module.log("train/loss", losses[-1])  # not prog_bar: see LoggedLossBar
         module.log(f"lr-{type(optimizer.optimizer).__name__}", lr)
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
     trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
-    return torch.stack(losses)
+    return losses
 
 
-def count_optimizer_step(trainer: L.Trainer) -> None:
-    """What Lightning's optimizer wrapper records for a step, for one taken without it."""
+def _eager_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor], batch_size: int,
+                 batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor], optimizer: Any,
+                 scheduler: Any) -> tuple[torch.Tensor, Any]:
+    """The group's steps with ``torch.optim``; their losses, and the LR the last one used."""
+    trainer = module.trainer
+    scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+    images, targets = group
+    losses = []
+    batches = list(zip(images.split(batch_size), targets.split(batch_size), strict=True))
+    for index, batch in enumerate(batches):
+        if index == len(batches) - 1:
+            lr = _current_lr(optimizer)
+        loss = batch_loss(batch)
+        if scaled:
+            optimizer.zero_grad(set_to_none=True)
+            module.manual_backward(loss)
+            optimizer.step()
+        else:
+            optimizer.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.optimizer.step()
+            count_optimizer_steps(trainer, 1)
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), lr
+
+
+def _current_lr(optimizer: Any) -> Any:
+    """The LR the next step uses (a copy: a tensor LR changes in place)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.clone() if torch.is_tensor(lr) else lr
+
+
+def count_optimizer_steps(trainer: L.Trainer, steps: int) -> None:
+    """What Lightning's optimizer wrapper records for each step, for steps taken without it."""
     progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-    progress.increment_ready()
-    progress.increment_completed()
+    for tracker in (progress.total, progress.current):
+        tracker.ready += steps
+        tracker.completed += steps
+
+
+def steps_for(step_seconds: float, log_every: int | None = None) -> int:
+    """K that makes Lightning's per-step cost at most ~5 % of K steps' math; with ``log_every``, the divisor of
+    the logging interval nearest to it: groups end at every logging step anyway, and a K that divides the
+    interval adds no other group ends between them."""
+    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step_seconds))))
+    if not log_every or k == 1:
+        return k
+    divisors = [d for d in range(1, min(log_every, AUTO_MAX) + 1) if log_every % d == 0]
+    return min(divisors, key=lambda d: abs(math.log(d / k)))
+
+
+class AutoStepsPerCall(Callback):
+    """``--steps-per-call auto`` keeps measuring: at each group's end, K follows the time the run's own steps take
+    (Lightning's share included), so a K chosen at a moment of load does not slow the whole run. K never changes
+    the training, only how many steps one Lightning step takes. On CPU, where the host's clock times the steps;
+    a captured GPU run is timed once, with CUDA events, after its capture (``retime``)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int, int] | None = None  # (time, global step, epoch) at the last group's end
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # an epoch's start pays for its loader and its first group: not a step's cost
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.strategy.root_device.type != "cpu":
+            return
+        now, step = time.perf_counter(), trainer.global_step
+        if self._last is not None and step > self._last[1]:
+            retime(trainer, (now - self._last[0]) / (step - self._last[1]))
+        self._last = (now, step, trainer.current_epoch)
+
+
+def retime(trainer: L.Trainer, step_seconds: float) -> None:
+    """Set K from a step's measured time, where it moved by more than a quarter."""
+    datamodule = trainer.datamodule
+    k, now = steps_for(step_seconds, trainer.log_every_n_steps), datamodule.steps_per_call
+    if abs(k - now) > now / 4:
+        datamodule.use_steps_per_call(k)
+        trainer.lightning_module.steps_per_call = k
 
 
 class SharedStepCount(Callback):
@@ -201,19 +276,18 @@ class SharedStepCount(Callback):
         counted = max(automatic, manual, key=lambda progress: progress["total"]["completed"])
         loops[self.AUTOMATIC]["optimizer"]["step"] = copy.deepcopy(counted)
         loops[self.MANUAL] = copy.deepcopy(counted)
-        self._count_batches_as_steps(loops, checkpoint, getattr(pl_module, "steps_per_call", 1), trainer)
+        self._count_batches_as_steps(loops, checkpoint, pl_module.automatic_optimization, trainer)
 
-    def _count_batches_as_steps(self, loops: dict[str, Any], checkpoint: dict[str, Any], k: int,
+    def _count_batches_as_steps(self, loops: dict[str, Any], checkpoint: dict[str, Any], automatic: bool,
                                 trainer: L.Trainer) -> None:
         """Resuming with K = 1 what K > 1 wrote: Lightning's count of this epoch's batches was in groups.
 
         With K = 1 the loader has a length, and Lightning ends the epoch by that count (without its
         validation, if the count falls short): it must count the optimizer steps already taken.
         """
-        saved_k = checkpoint.get("run_record", {}).get("steps_per_call", 1)
         position = next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)
         datamodule = getattr(trainer, "datamodule", None)
-        if k != 1 or saved_k == 1 or position is None or self.BATCHES not in loops or datamodule is None:
+        if not automatic or position is None or self.BATCHES not in loops or datamodule is None:
             return
         steps_done = -(-int(position["samples_done"]) // datamodule.batch_size)
         progress = loops[self.BATCHES]

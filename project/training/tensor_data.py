@@ -120,6 +120,7 @@ class TensorDataModule(L.LightningDataModule):
         self._train_sampler: EpochShuffleSampler | EpochBatches | None = None
         # Optimizer steps per Lightning step, and the step counts at which a group must end.
         self.steps_per_call = 1
+        self.grouped = False  # groups of batches, one per Lightning step, the module stepping the optimizer itself
         self.group_ends_every: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ what a recipe provides
@@ -243,12 +244,18 @@ class TensorDataModule(L.LightningDataModule):
         """Index tensors on the data's device: one batch, or one group of batches, per Lightning step."""
         trainer = getattr(self, "trainer", None)
         position = (lambda: (trainer.current_epoch, trainer.global_step)) if trainer is not None else (lambda: (0, 0))
-        kind = StepGroups if self.steps_per_call > 1 else EpochBatches
+        kind = StepGroups if self.grouped else EpochBatches
         batches = self._train_sampler = kind(size, self.batch_size, self.seed, device, position, self.steps_per_call,
                                              self.group_ends_every)
         if self._resume_at is not None:
             batches.resume(*self._resume_at)
         return batches
+
+    def use_steps_per_call(self, k: int) -> None:
+        """Hand out groups of ``k`` batches from the next group on (``auto`` follows the run's step time)."""
+        self.steps_per_call = k
+        if isinstance(self._train_sampler, StepGroups):
+            self._train_sampler.k = k
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.loader != "memory":
