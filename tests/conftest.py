@@ -114,7 +114,7 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One 2-rank run, never interrupted: what every interrupted DDP run must end equal to, and what the DDP
     output tests read. 83 test images, so the ranks' test shards differ in size."""
     root = tmp_path_factory.mktemp("ddp")
-    data = make_tiny_mnist(root / "data", n_train=680, n_test=83)
+    data = make_tiny_mnist(root / "data", n_train=680, n_test=83, wrong_labels=0.1)  # metrics below 1: they can tell
     done = run_script("train.py", "--data-dir", str(data), "--logdir", str(root / "logs"), *CHECKPOINTED, *TWO_RANKS,
                       timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -38,8 +38,11 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(header + array.tobytes())
 
 
-def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int = 0) -> Path:
-    """Learnable fake digits: class k lights up a band of rows, plus noise."""
+def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int = 0,
+                    wrong_labels: float = 0.0) -> Path:
+    """Learnable fake digits: class k lights up a band of rows, plus noise. ``wrong_labels``: the share of
+    labels drawn at random instead, so that no model gets every image right and the metrics can tell runs
+    apart."""
     rng = np.random.default_rng(seed)
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -48,6 +51,8 @@ def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int 
         images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
         for i, k in enumerate(labels):
             images[i, 2 + 2 * k : 4 + 2 * k, 4:24] = 255
+        wrong = rng.random(n) < wrong_labels
+        labels[wrong] = rng.integers(0, 10, size=int(wrong.sum())).astype(np.uint8)
         write_idx(raw / RAW_NAMES[(train, "images")], images)
         write_idx(raw / RAW_NAMES[(train, "labels")], labels)
     return root

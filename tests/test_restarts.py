@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -34,12 +35,13 @@ FLAGS = ("--batch-size", "32", "--val-size", "40", "--eval-batch-size", "8", "--
          "--log-every-n-steps", "2", "--accelerator", "cpu", "--max-epochs", "3")
 SETTINGS = {"batch_size": 32, "val_size": 40, "eval_batch_size": 8, "checkpoint_every_n_steps": 3,
             "log_every_n_steps": 2, "accelerator": "cpu", "max_epochs": 3}
-TAGS = ("val/acc", "val/loss", "train/loss")
+TIMED = ("perf/",)  # wall-clock figures: the same steps, other values
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_mnist(tmp_path_factory.mktemp("restarts") / "data", n_train=680, n_test=80)
+    # A tenth of the labels wrong: accuracies below 1, so that a partial epoch's train/acc differs from the whole's.
+    return make_tiny_mnist(tmp_path_factory.mktemp("restarts") / "data", n_train=680, n_test=80, wrong_labels=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,8 @@ def outcome(run: Path) -> dict:
             "last": torch.load(run / "checkpoints" / "last.ckpt", weights_only=True),
             "best": (Path(results["best_checkpoint"]).name, results["val/acc_best"]),
             "test": (results["test/acc"], results["test/loss"]),
-            "curves": {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in TAGS}}
+            "curves": {tag: [(e.step, None if tag.startswith(TIMED) else e.value) for e in events.Scalars(tag)]
+                       for tag in events.Tags()["scalars"]}}
 
 
 def assert_same_run(resumed: dict, reference: dict) -> None:
@@ -64,7 +67,8 @@ def assert_same_run(resumed: dict, reference: dict) -> None:
     assert all(torch.equal(resumed["model"][k], reference["model"][k]) for k in reference["model"])
     assert_same_training_state(resumed["last"], reference["last"])
     assert resumed["best"] == reference["best"] and resumed["test"] == reference["test"]
-    assert resumed["curves"] == reference["curves"]  # every validation, no step missing or logged twice
+    # Every logged tag: every validation, no step missing or logged twice, the resumed epoch's figures whole.
+    assert resumed["curves"] == reference["curves"]
 
 
 def stop(data: Path, logdir: Path, phase: str, signal_name: str, *extra: str) -> subprocess.CompletedProcess:
@@ -329,3 +333,56 @@ def test_bad_config_files_and_seeds_are_one_line(tmp_path, capsys):
                           timeout=120)
     assert done.returncode == 2 and done.stderr == f"train.py: error: --config {utf16}: not UTF-8 text (save it " \
                                                    "as UTF-8)\n"
+
+
+def test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two(tmp_path, monkeypatch):
+    """The race made certain: both runs have picked the next version_N before either makes it. The exclusive mkdir
+    sends the second to version_N+1; a mkdir that tolerated an existing folder would give both the same one."""
+    import threading
+
+    from project.reliability import run_files
+
+    (tmp_path / "version_0").mkdir()
+    barrier, waited, make = threading.Barrier(2, timeout=20), set(), Path.mkdir
+
+    def held(self: Path, *args, **kwargs) -> None:
+        if self.name.startswith("version_") and threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            barrier.wait()  # each thread's first attempt: both chose their number already
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", held)
+    chosen: list[str] = []
+    threads = [threading.Thread(target=lambda: chosen.append(run_files._next_free_version(tmp_path)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(chosen) == ["version_1", "version_2"]
+
+
+class TermAtStep(L.Callback):
+    """Sends this process SIGTERM once, after optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_at_an_epochs_last_step_waits_for_its_validation(data, tmp_path):
+    """SIGTERM after the epoch's last step, where a validation is due: the run validates first, so the checkpoint it
+    stops with holds the validated epoch (stopped there, a resume would skip that validation for good)."""
+    from project.errors import Terminated
+
+    with pytest.raises(Terminated, match="stopped by SIGTERM after step 20; last.ckpt holds that step"):
+        train(tiny_config(data, tmp_path / "logs", **{**SETTINGS, "checkpoint_every_n_steps": None},
+                          steps_per_call=1), callbacks=[TermAtStep(20)])
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    assert [e.step for e in event_accumulator(run).Scalars("val/acc")] == [19]  # epoch 0's validation ran
+    assert [p.name for p in (run / "checkpoints").glob("best-*.ckpt")] == [
+        next(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("best-epoch00"))]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20

@@ -125,6 +125,8 @@ def test_evaluate_and_the_exports_agree_with_training(second_recipe):
         assert done.returncode == 0, done.stderr
         evaluated = json.loads(done.stdout)
         assert evaluated["test/acc"] == pytest.approx(results["test/acc"], abs=1e-7)
+        # The loss of logits is cross-entropy, as in training: log_softmax first, then NLL.
+        assert evaluated["test/loss"] == pytest.approx(results["test/loss"], rel=1e-5)
         assert evaluated["samples"] == 100 and len(evaluated["per_class_acc"]) == 4
     network = _recipe_model(second_recipe).CNN()
     network.load_state_dict(torch.load(run / "model.pth", weights_only=True))  # the recipe's own nn.Module
@@ -142,9 +144,12 @@ def test_predict_reads_image_files_the_recipes_way(second_recipe, tmp_path):
     for index in range(40):
         Image.fromarray(images[index].permute(1, 2, 0).numpy(), mode="RGB").save(tmp_path / f"{index:02d}.png")
     done = run_in(second_recipe["template"], "predict.py", str(tmp_path), "--ckpt", "best", "--logdir",
-                  str(second_recipe["run"].parent.parent), "--json")
+                  str(second_recipe["run"].parent.parent), "--json", "--topk", "4")
     assert done.returncode == 0, done.stderr
-    predicted = [r["class"] for r in json.loads(done.stdout)["results"]]
+    rows = json.loads(done.stdout)["results"]
+    predicted = [r["class"] for r in rows]
+    for row in rows:  # a logits network's outputs, turned into probabilities: all four sum to one
+        assert all(0 <= p <= 1 for _, p in row["topk"]) and sum(p for _, p in row["topk"]) == pytest.approx(1)
     network = _recipe_model(second_recipe).CNN()
     network.load_state_dict(torch.load(second_recipe["run"] / "model.pth", weights_only=True))
     with torch.no_grad():

@@ -74,6 +74,7 @@ class TensorBoardFigures(Callback):
 
     def __init__(self, worst_k: int = 32) -> None:
         self.worst = WorstMistakes(worst_k)
+        self.first_batch: torch.Tensor | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         classes = pl_module.num_classes
@@ -81,15 +82,27 @@ class TensorBoardFigures(Callback):
         self.test_confusion = MulticlassConfusionMatrix(num_classes=classes, validate_args=False).to(pl_module.device)
         self.worst.input_shape, self.worst.num_classes = tuple(trainer.datamodule.input_shape), classes
 
-    def _image(self, trainer: L.Trainer, tag: str, image: torch.Tensor) -> None:
+    def _image(self, trainer: L.Trainer, tag: str, image: torch.Tensor, step: int | None = None) -> None:
         tensorboard = tensorboard_of(trainer)
         if tensorboard is not None and trainer.is_global_zero:
-            tensorboard.experiment.add_image(tag, image, trainer.global_step)
+            tensorboard.experiment.add_image(tag, image, trainer.global_step if step is None else step)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        if trainer.global_step == 0 and batch_idx == 0:
-            self._image(trainer, "train/first_batch", figures.batch_grid(trainer.datamodule.to_image(batch[0][:64])))
+        if trainer.global_step == 0 and batch_idx == 0:  # kept on the device: drawn where the host waits anyway
+            self.first_batch = batch[0][:64].detach().clone()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first_batch_image(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first_batch_image(trainer)  # a run that does not validate
+
+    def _first_batch_image(self, trainer: L.Trainer) -> None:
+        if self.first_batch is not None:
+            images = trainer.datamodule.to_image(self.first_batch)
+            self._image(trainer, "train/first_batch", figures.batch_grid(images), step=0)
+            self.first_batch = None
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:

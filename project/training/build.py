@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from project.config.schema import LOGGERS, RECIPE, RunConfig
 from project.errors import UsageError
@@ -74,8 +75,8 @@ def build_loggers(config: RunConfig) -> list[Logger]:
     version = config.run_version
     for name in names:
         if name == "tensorboard":
-            logger: Logger = TensorBoardLogger(config.logdir, name=config.name, version=version,
-                                               default_hp_metric=False)
+            logger: Logger = OneFileTensorBoardLogger(config.logdir, name=config.name, version=version,
+                                                      default_hp_metric=False)
         elif name == "csv":
             logger = AppendingCSVLogger(config.logdir, name=config.name, version=version)
         elif name == "wandb":
@@ -90,6 +91,28 @@ def build_loggers(config: RunConfig) -> list[Logger]:
             version = logger.version  # the next loggers join this run's folder
         loggers.append(logger)
     return loggers
+
+
+class OneFileTensorBoardLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger, writing one event file for the whole run.
+
+    Lightning finalizes its loggers after fit and after test, and the next write opens a new file,
+    named with a counter that sorts as text: in a process that has made ten writers (a sweep's
+    trials, a resumed run in the tests) ``.10`` comes before ``.9``, and TensorBoard reads the test's
+    file before the training's. Here ``finalize`` flushes; ``close`` ends the file with the run.
+    """
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+        if status == "success":
+            self.save()
+
+    @rank_zero_only
+    def close(self) -> None:
+        if self._experiment is not None:
+            self._experiment.close()
 
 
 class AppendingCSVLogger(CSVLogger):

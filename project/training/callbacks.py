@@ -54,6 +54,12 @@ class EpochStats(Callback):
         self._start = self._now(trainer)
         self._samples = 0
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._start is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start for that epoch
+            self._start = self._now(trainer)
+            self._samples = 0
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._samples += len(batch[1])
@@ -86,23 +92,41 @@ class EpochStats(Callback):
 
 
 class EpochLines(Callback):
-    """One plain line per epoch on stderr, in place of the animated bar when nobody watches it."""
+    """One plain line per epoch on stderr, in place of the animated bar when nobody watches it: the epoch's mean
+    step loss (summed on the device as the steps go, read once at the epoch's end), its training accuracy, and
+    the validation that followed it."""
 
     KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
 
     def __init__(self) -> None:
-        self._start = time.perf_counter()
+        self._start: float | None = None
+        self._loss_sum: torch.Tensor | float = 0.0
+        self._steps = 0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = time.perf_counter()
+        self._start, self._loss_sum, self._steps = time.perf_counter(), 0.0, 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._start is None:  # resumed mid-epoch: no on_train_epoch_start
+            self._start, self._loss_sum, self._steps = time.perf_counter(), 0.0, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if torch.is_tensor(loss):  # one per optimizer step of this Lightning step
+            self._loss_sum = self._loss_sum + loss.detach().float().sum()
+            self._steps += loss.numel()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        seconds = time.perf_counter() - self._start
+        seconds = time.perf_counter() - (self._start or time.perf_counter())
+        self._start = None
         metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key in self.KEYS}
+        if self._steps:
+            metrics["train/loss"] = float(self._loss_sum) / self._steps
         train_acc = getattr(pl_module, "train_acc", None)
         if train_acc is not None and train_acc.update_count:
-            # The module logs it after this hook; compute() is cached, so it is not computed twice.
-            metrics["train/acc"] = float(train_acc.compute())
+            metrics["train/acc"] = float(train_acc.compute())  # the module logs it after this hook
         if trainer.is_global_zero:
             values = "".join(f"  {key} {metrics[key]:.4f}" for key in self.KEYS if key in metrics)
             print(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  step {trainer.global_step}{values}  "

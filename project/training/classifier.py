@@ -230,6 +230,25 @@ class ClassifierModule(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self.log("train/acc", self.train_acc, prog_bar=True)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The epoch's training accuracy so far (every rank's counts, summed), so that a run resumed mid-epoch logs
+        the whole epoch's ``train/acc``, as the run never stopped does."""
+        counts = torch.stack([self.train_acc.correct, self.train_acc.total]).detach().clone()
+        if self.trainer.world_size > 1:
+            torch.distributed.all_reduce(counts)
+        checkpoint["train_acc"] = {"epoch": self.current_epoch, "counts": counts.cpu()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed_train_acc = checkpoint.get("train_acc")
+
+    def on_train_start(self) -> None:
+        saved, self._resumed_train_acc = getattr(self, "_resumed_train_acc", None), None
+        # Mid-epoch only: a checkpoint taken at an epoch's end resumes at the next epoch's start.
+        if saved is not None and saved["epoch"] == self.current_epoch and self.trainer.is_global_zero:
+            correct, total = saved["counts"].to(self.train_acc.correct.device)
+            self.train_acc.correct.add_(correct)
+            self.train_acc.total.add_(total)
+
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(self.val_acc.compute())

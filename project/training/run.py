@@ -38,7 +38,14 @@ from project.reliability.run_files import (
 )
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.results.export import check_exportable, save_program
-from project.training.build import build_datamodule, build_model, build_trainer, global_batch, run_dir
+from project.training.build import (
+    OneFileTensorBoardLogger,
+    build_datamodule,
+    build_model,
+    build_trainer,
+    global_batch,
+    run_dir,
+)
 from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
 from project.training.plan import train_batches
@@ -150,26 +157,36 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
         stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if datamodule.grouped else None)
-        config = record.config = tune(trainer, model, datamodule, config)
-        log_run_text(trainer, config)
-        config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
-        with reported_failures():
-            best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
-            metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
-        stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
-        device = trainer.strategy.root_device
-        result = RunResult(
-            config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
-            devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
-            test_metrics=dict(metrics), best_val=best_val,
-            peak_memory_mb=peak_memory_mb(device), device=str(device),
-            epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
-            config_file=config_file, optimizer_steps=trainer.global_step,
-            **steps_taken(datamodule, model, steps_per_call, steps_reason, step_mode, step_mode_reason),
-        )
-        if trainer.is_global_zero and not config.fast_dev_run:
-            finish(trainer, model, result, signals, on_tested if test else None)
+        try:
+            config = record.config = tune(trainer, model, datamodule, config)
+            log_run_text(trainer, config)
+            config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
+            with reported_failures():
+                best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
+                metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
+            stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
+            device = trainer.strategy.root_device
+            result = RunResult(
+                config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
+                devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
+                test_metrics=dict(metrics), best_val=best_val,
+                peak_memory_mb=peak_memory_mb(device), device=str(device),
+                epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
+                config_file=config_file, optimizer_steps=trainer.global_step,
+                **steps_taken(datamodule, model, steps_per_call, steps_reason, step_mode, step_mode_reason),
+            )
+            if trainer.is_global_zero and not config.fast_dev_run:
+                finish(trainer, model, result, signals, on_tested if test else None)
+        finally:
+            close_loggers(trainer)
     return result
+
+
+def close_loggers(trainer: L.Trainer) -> None:
+    """The run's event file ends with the run (``OneFileTensorBoardLogger`` keeps it open from fit to test)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, OneFileTensorBoardLogger):
+            logger.close()
 
 
 def steps_taken(datamodule: TensorDataModule, model: L.LightningModule, planned: int, reason: str, mode: str,

@@ -1,0 +1,139 @@
+"""Known bugs, each a small edit of the engine, and the tests that must fail when it is made.
+
+``scripts/mutation_check.py`` applies each to a copy of the template, one at a time, and runs its tests
+there: a mutant is caught when one of them fails. A promise the README makes comes with a mutant here
+(``docs/tests.md`` lists them). Not collected by pytest (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    promise: str  # what a user would lose
+    file: str  # relative to the template's root
+    original: str  # found exactly once in the file
+    mutated: str
+    tests: tuple[str, ...]  # pytest node ids (relative to the template's root) of which one must fail
+
+
+MUTANTS = (
+    Mutant("runs-share-a-folder", "runs never share a folder",
+           "project/reliability/run_files.py", '(parent / f"version_{number}").mkdir()',
+           '(parent / f"version_{number}").mkdir(exist_ok=True)',
+           ("tests/test_restarts.py::test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two",)),
+    Mutant("stop-skips-a-due-validation", "a stop never skips a validation that is due",
+           "project/reliability/stops.py", "if self._agreed(trainer) and not validation_due(trainer):",
+           "if self._agreed(trainer):",
+           ("tests/test_restarts.py::test_a_stop_at_an_epochs_last_step_waits_for_its_validation",)),
+    Mutant("evaluate-without-log-softmax", "evaluate and predict give a logits recipe's loss and probabilities",
+           "project/results/evaluation.py", "return torch.log_softmax(self.network(inputs).float(), dim=1)",
+           "return self.network(inputs).float()",
+           ("tests/test_second_recipe.py::test_evaluate_and_the_exports_agree_with_training",
+            "tests/test_second_recipe.py::test_predict_reads_image_files_the_recipes_way")),
+    Mutant("non-finite-flag-never-read", "divergence stops at the first non-finite loss, named by its step",
+           "project/training/callbacks.py",
+           "    def _check(self, trainer: L.Trainer) -> None:\n        if self._first_bad is not None:",
+           "    def _check(self, trainer: L.Trainer) -> None:\n        return\n        if self._first_bad is not None:",
+           ("tests/test_gpu_toolkit.py::test_diverging_training_stops_before_any_checkpoint_holds_broken_weights",)),
+    Mutant("eval-loss-not-reduced-across-ranks", "DDP val/test metrics equal one process's evaluation",
+           "project/training/classifier.py", "self.val_loss, self.test_loss = MeanMetric(), MeanMetric()",
+           "self.val_loss, self.test_loss = MeanMetric(sync_on_compute=False), MeanMetric(sync_on_compute=False)",
+           ("tests/test_ddp.py::test_two_cpu_processes_write_once_and_match_a_single_process_evaluation",)),
+    Mutant("a-host-copy-every-step", "no host sync between logging steps",
+           "project/training/classifier.py", "        loss = self.loss(outputs, y)\n",
+           "        loss = self.loss(outputs, y)\n        loss.detach().cpu()\n",
+           ("tests/test_sync_free.py::test_no_conversion_between_logging_steps",)),
+    Mutant("resume-keeps-the-logs-after-its-checkpoint", "a resumed run's curves have no gap and no overlap",
+           "project/reliability/resume.py", "    roll_back_logs(folder, resume.global_step)\n", "",
+           ("tests/test_restarts.py::test_a_run_stopped_at_any_phase_resumes_to_the_uninterrupted_run[step-25-KILL]",)),
+    Mutant("a-group-skips-a-schedule-step", "steps per call never change the training",
+           "project/training/steps_per_call.py", "        if scheduler is not None:\n            scheduler.step()",
+           "        if scheduler is not None and index:\n            scheduler.step()",
+           ("tests/test_steps_per_call.py::test_k_steps_per_call_train_bitwise_like_one",)),
+    Mutant("captured-schedule-stands-still", "the captured step follows the run's schedule",
+           "project/training/device_step.py", "            self.index.add_(1)\n", "",
+           ("tests/test_device_step.py::test_the_device_step_trains_like_torch_optim",)),
+    Mutant("overflowing-step-not-skipped", "16-mixed skips a step whose gradients overflow",
+           "project/training/device_step.py", "tensor.copy_(torch.where(skip, before, tensor))",
+           "tensor.copy_(tensor)",
+           ("tests/test_device_step.py::test_a_step_whose_gradients_overflow_changes_nothing_but_the_loss_scale",)),
+    Mutant("auto-never-follows-the-run", "auto steps per call recovers from a first measure taken under load",
+           "project/training/steps_per_call.py", '    """Set K from a step\'s measured time, where it moved by more '
+                                                 'than a quarter."""\n',
+           '    """Set K from a step\'s measured time, where it moved by more than a quarter."""\n    return\n',
+           ("tests/test_steps_per_call.py::test_auto_follows_the_runs_own_steps_when_its_first_measure_was_slowed_by_load",)),
+    Mutant("save-in-place", "a crash during a save leaves the previous file intact",
+           "project/reliability/checkpointing.py",
+           'handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+           "handle, temporary = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), str(path)",
+           ("tests/test_reliability.py::test_a_failed_save_leaves_the_previous_file_intact",)),
+    Mutant("broken-weights-saved", "no checkpoint ever holds NaN or inf weights",
+           "project/training/callbacks.py", "        if broken:\n            raise NonFiniteLossError(",
+           "        if broken and False:\n            raise NonFiniteLossError(",
+           ("tests/test_gpu_toolkit.py::test_non_finite_weights_are_never_saved_even_when_the_loss_was_finite",)),
+    Mutant("eval-shards-overlap", "DDP evaluation counts each sample once",
+           "project/training/samplers.py", "return iter(range(self.rank, self.total_size, self.num_replicas))",
+           "return iter(range(0, self.total_size, self.num_replicas))",
+           ("tests/test_ddp.py::test_eval_shards_cover_the_split_once",)),
+)
+
+
+def copy_template(destination: Path) -> Path:
+    """The template's code and tests, without caches, where a mutant can be applied."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("project", "scripts", "tests", "configs"):
+        shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", destination / "pyproject.toml")
+    return destination
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    caught: bool
+    seconds: float
+    by: str  # the test that failed, or why it counts as missed
+
+
+def check(mutant: Mutant, template: Path, timeout: float = 600) -> Outcome:
+    """Apply ``mutant`` in ``template``, run its tests there, and undo it."""
+    path = template / mutant.file
+    source = path.read_text()
+    if source.count(mutant.original) != 1:
+        return Outcome(mutant, False, 0.0, f"its original text is not found once in {mutant.file}: fix the list")
+    path.write_text(source.replace(mutant.original, mutant.mutated))
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=template, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    except subprocess.TimeoutExpired:
+        return Outcome(mutant, False, time.perf_counter() - started, f"its tests ran past {timeout:.0f} s")
+    finally:
+        path.write_text(source)
+    seconds = time.perf_counter() - started
+    failed = [line.split(" ", 2)[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    if done.returncode == 1 and failed:
+        return Outcome(mutant, True, seconds, failed[0].split(" - ")[0])
+    return Outcome(mutant, False, seconds, "its tests passed" if done.returncode == 0 else
+                   f"pytest exited {done.returncode} without a failing test: {done.stdout.strip()[-200:]}")
+
+
+def check_all(names: list[str] | None = None) -> list[Outcome]:
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
+        template = copy_template(Path(scratch) / "template")
+        return [check(mutant, template) for mutant in chosen]
