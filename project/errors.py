@@ -77,4 +77,23 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # `script | head`: whoever read stdout has gone; nothing to say, nowhere to say it
+        stdout_gone()
+        sys.exit(128 + 13)
     sys.exit(code or 0)
+
+
+def stdout_gone() -> None:
+    """Point stdout at /dev/null once its reader has gone, so that later prints (and the interpreter's flush at
+    exit) do not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def say(text: str) -> None:
+    """Print a result line; a reader that went away (``train.py | head -1``) stops no run: the rest is in files."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        stdout_gone()

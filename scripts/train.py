@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_run_config  # noqa: E402  (light: no torch)
 from project.config.schema import RunConfig  # noqa: E402
-from project.errors import run_cli  # noqa: E402
+from project.errors import run_cli, say  # noqa: E402
 
 
 def main(config: RunConfig, started: float) -> int:
@@ -20,13 +20,12 @@ def main(config: RunConfig, started: float) -> int:
     printed = []  # the test metrics, as soon as they exist: nothing that fails later can lose them
 
     def print_test_metrics(metrics: dict[str, float]) -> None:
-        print(test_line(metrics), flush=True)
+        say(test_line(metrics))
         printed.append(True)
 
     result = train(config, on_tested=print_test_metrics)
     if result.is_global_zero:
-        print(f"{result.summary(with_test_metrics=not printed)}\nwall time {time.perf_counter() - started:.1f} s",
-              flush=True)
+        say(f"{result.summary(with_test_metrics=not printed)}\nwall time {time.perf_counter() - started:.1f} s")
     return 0
 
 

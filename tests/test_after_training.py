@@ -73,14 +73,15 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
 
 def test_evaluate_names_what_is_missing(trained, tmp_path):
     from project.errors import CheckpointError, UsageError
-    from project.reliability.checkpointing import find_checkpoint
+    from project.reliability.runs import checkpoint_of
     from project.results.evaluation import load_classifier
 
     with pytest.raises(CheckpointError, match="nope.pth: no such file"):
         load_classifier(weights=str(tmp_path / "nope.pth"))
-    with pytest.raises(UsageError, match="--ckpt best: no run with checkpoints under"):
-        find_checkpoint("best", tmp_path, "mnist", "--ckpt")
-    assert find_checkpoint("last", trained["logs"], "mnist", "--ckpt") == trained["run"] / "checkpoints" / "last.ckpt"
+    with pytest.raises(UsageError, match="--ckpt best: no run with a best checkpoint under"):
+        checkpoint_of("best", tmp_path, "mnist", "--ckpt")
+    path, run = checkpoint_of("last", trained["logs"], "mnist", "--ckpt")
+    assert path == trained["run"] / "checkpoints" / "last.ckpt" and run.folder == trained["run"]
 
 
 def test_plot_scalars_draws_the_run(trained, tmp_path):
@@ -127,7 +128,8 @@ def test_predict_classifies_real_digit_images_and_reports_bad_files(default_run,
     predicted = run_script("predict.py", str(images), "--weights", summary_value(default_run["output"], "weights"),
                            "--topk", "2")
     assert predicted.returncode == 1
-    errors = predicted.stderr.strip().splitlines()
+    using, *errors = predicted.stderr.strip().splitlines()
+    assert using == f"predict.py: using {summary_value(default_run['output'], 'weights')}"  # which model, said
     assert len(errors) == 2 and all(e.startswith("predict.py: ") for e in errors), predicted.stderr
     assert any("broken.png: cannot decode the image" in e or "broken.png: not an image" in e for e in errors)
     assert any("notes.txt: not an image file" in e for e in errors)

@@ -44,16 +44,40 @@ def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monk
     assert_same_training_state(reference_state, state)
 
 
+class StepClock:
+    """A clock for ``AutoStepsPerCall`` that reads 1.5 ms per optimizer step the run has taken (``time`` stand-in):
+    the load went away after auto's first measure, whatever this machine is doing now."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+
+    def perf_counter(self) -> float:
+        return 0.0015 * self.trainer.global_step if self.trainer is not None else 0.0
+
+
+class Watch(L.Callback):
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def on_train_start(self, trainer, pl_module):
+        self.clock.trainer = trainer
+
+
 def test_auto_follows_the_runs_own_steps_when_its_first_measure_was_slowed_by_load(data, tmp_path, monkeypatch):
     """Measured at a moment of load (50 ms a step), auto starts at 1 step per call; the run's own steps, timed at
-    each group's end, take it up, and the training is the same."""
+    each group's end (1.5 ms each from then on), take it up, and the training is the same."""
     from project.training import steps_per_call
 
     _, reference = run(data, tmp_path / "k1", 1, log_every_n_steps=50, max_epochs=3)
     monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: 0.05)
-    auto, state = run(data, tmp_path / "auto", "auto", log_every_n_steps=50, max_epochs=3)
-    assert auto.steps_per_call > 2, auto.summary()
-    assert f"; 1 at first, then {auto.steps_per_call} as the run timed its own steps" in auto.summary()
+    clock = StepClock()
+    monkeypatch.setattr(steps_per_call, "time", clock)
+    auto = train(tiny_config(data, tmp_path / "auto", steps_per_call="auto", log_every_n_steps=50, max_epochs=3),
+                 callbacks=[Watch(clock)])
+    state = torch.load(auto.last_checkpoint, weights_only=True)
+    expected = steps_per_call.steps_for(0.0015, 50)  # 14 steps of 1.5 ms, aligned to the logging interval: 10
+    assert auto.steps_per_call == expected == 10, auto.summary()
+    assert f"; 1 at first, then {expected} as the run timed its own steps" in auto.summary()
     assert_same_training_state(reference, state)
     assert state["run_record"]["steps_per_call"] == auto.steps_per_call  # what a resume takes
 

@@ -209,7 +209,7 @@ MISTAKES = [
     (["--space", "{tmp}/nowhere.yaml"], "nowhere.yaml: cannot read it (No such file or directory)"),
     (["--space", "{tmp}/broken.yaml"], "broken.yaml: not valid YAML"),
     (["--storage", "postgresql://postgres:secret@127.0.0.1:1/optuna"],
-     "--storage postgresql://postgres@127.0.0.1:1/optuna: cannot open it (connection failed"),
+     "--storage postgresql://postgres:***@127.0.0.1:1/optuna: cannot open it (connection failed"),
     (["--storage", "sqlite:///{tmp}/s.db"], "SQLite locks the whole file and fails under parallel workers"),
     (["--storage", "{tmp}"], "a folder; give a journal file's path (or a database URL)"),
     (["--storage", "{tmp}/no/such/folder/s.journal"], "its folder does not exist"),
@@ -268,6 +268,14 @@ SPACES = [
     ("fixed:\n  colour: red\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n", "fixed.colour: not a train.py flag"),
     ("fixed:\n  batch_size: 0\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n",
      "fixed: batch_size: must be a positive integer"),
+    # What slipped through before, to fail trial by trial: each value checked as its flag checks it.
+    ("params:\n  lr: {type: categorical, choices: [abc]}\n", "params.lr: 'abc' is not a value --lr takes"),
+    ("params:\n  max_epochs: {type: int, low: 1.5, high: 3}\n", "params.max_epochs: 'low' must be one of the whole"),
+    ("params:\n  lr: {type: float, low: 0.01, high: 1, log: true, step: 0.01}\n", "a log scale takes no 'step'"),
+    ("params:\n  lr: {type: float, low: 0.01, high: 1, step: 0}\n", "params.lr: 'step' must be above 0"),
+    ("params:\n  lr: {type: float, low: 0.01, high: .inf}\n", "params.lr: 'high' must be one of the finite"),
+    ("fixed:\n  resume: last\nparams:\n  lr: {type: float, low: 0.01, high: 1}\n",
+     "fixed.resume: set by the sweep for each trial"),
 ]
 
 
@@ -335,3 +343,49 @@ def test_fast_dev_run_smoke_tests_a_sweep(tiny_mnist, tmp_path):
 def test_each_pruner_flag_opens_a_study_with_that_pruner(tmp_path, name, kind):
     study = open_study(f"pruned-{name}", str(tmp_path / "sweeps.journal"), name, 0)
     assert type(study.pruner) is kind
+
+
+def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_mnist, tmp_path):
+    """A second space on a study, a damaged journal, and a new journal whose study name meets the old one's trials
+    in the same --logdir: each one line before any trial."""
+    space = write_space(tmp_path, QUICK)
+    journal = tmp_path / "study.journal"
+    common = ("--storage", str(journal), "--data-dir", str(shared_tiny_mnist), "--logdir", str(tmp_path / "logs"),
+              "--val-size", "40")
+    study, _, objective = prepare(sweep_args(monkeypatch, "--space", str(space), *common))
+    study.optimize(objective, n_trials=1)
+    other = tmp_path / "other.yaml"
+    other.write_text("fixed:\n  max_epochs: 1\nparams:\n  momentum: {type: float, low: 0.5, high: 0.9}\n")
+    with pytest.raises(UsageError, match="its trials searched lr; this space searches momentum: choose another"):
+        prepare(sweep_args(monkeypatch, "--space", str(other), *common))
+    with pytest.raises(UsageError, match="trials of another study of this name .*trial_000"):
+        prepare(sweep_args(monkeypatch, "--space", str(space), *common[2:], "--storage", str(tmp_path / "new.journal")))
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join([*lines[:2], "garbage{{\n", *lines[2:]]))  # a line something else wrote
+    with pytest.raises(UsageError, match="cannot read the study from it"):
+        prepare(sweep_args(monkeypatch, "--space", str(space), *common))
+
+
+def test_a_storage_that_stops_answering_mid_sweep_is_one_line(monkeypatch, tmp_path):
+    from sqlalchemy.exc import OperationalError
+
+    from project.sweeps import study as sweep
+
+    study = open_study("lost", str(tmp_path / "s.journal"), "none", 0)
+
+    def lost(*args, **kwargs):
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(study, "optimize", lost)
+    with pytest.raises(UserError, match="the study's storage stopped answering .*run the same command again"):
+        sweep.run_trials(study, open_storage(str(tmp_path / "s.journal")), None, 1)
+
+
+def test_the_default_storage_is_a_journal_file_many_processes_can_share(monkeypatch, tmp_path):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    args = sweep_args(monkeypatch)
+    assert args.storage == "sweeps.journal"
+    monkeypatch.chdir(tmp_path)
+    storage = open_storage(args.storage)
+    assert isinstance(storage, JournalStorage) and isinstance(storage._backend, JournalFileBackend)

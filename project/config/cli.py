@@ -10,7 +10,16 @@ from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
 from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config
-from project.config.validators import count_or_auto, flag, flag_or_auto, one_of, positive_int, size_or_share
+from project.config.validators import (
+    count_or_auto,
+    flag,
+    flag_or_auto,
+    image_file,
+    one_of,
+    output_folder,
+    positive_int,
+    size_or_share,
+)
 from project.errors import UsageError
 
 GROUPS = ("hardware", "recipe", "model", "data", "run")
@@ -135,7 +144,8 @@ def parse_evaluate_args(description: str | None) -> argparse.Namespace:
     _model_source(parser)
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="also draw the confusion matrix to this file")
+    parser.add_argument("--plot", metavar="PNG", type=argparse_type(image_file),
+                        help="also draw the confusion matrix to this file (.png, .pdf, .svg, .jpg)")
     return parser.parse_args()
 
 
@@ -189,7 +199,8 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     parser.add_argument("--only", default="all", help="rows to run: all, or e.g. hand,template-auto")
     parser.add_argument("--time-to-accuracy", action="store_true",
                         help="also time the whole default scripts/train.py command, imports included")
-    parser.add_argument("--out", default="benchmark-results", help="folder for benchmark.json/.md/.png")
+    parser.add_argument("--out", default="benchmark-results", type=argparse_type(output_folder),
+                        help="folder for benchmark.json/.md/.png")
     return parser.parse_args()
 
 
@@ -203,6 +214,6 @@ def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
 def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
     parser = _tool_parser("plot_scalars.py", description)
     parser.add_argument("run", help=f"a run folder, e.g. lightning_logs/{RECIPE.name}/version_0")
-    parser.add_argument("--out", default="scalars.png")
+    parser.add_argument("--out", default="scalars.png", type=argparse_type(image_file))
     parser.add_argument("--tags", default=",".join(default_tags), help="comma-separated scalar tags")
     return parser.parse_args()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from project import EVAL_BATCH_SIZE, LOADERS, OPTIMIZERS, SCHEDULERS
@@ -18,6 +19,7 @@ from project.config.validators import (
     devices_spec,
     flag,
     flag_or_auto,
+    folder_name,
     memory_fraction,
     non_negative_float,
     non_negative_int,
@@ -26,6 +28,7 @@ from project.config.validators import (
     positive_float,
     positive_int,
     seed_value,
+    shown,
     size_or_share,
     text,
     top_k,
@@ -114,7 +117,7 @@ class EngineSettings:
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
     logger: str = setting("tensorboard", text, "tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
     name: str = setting(RECIPE.name, text, "experiment name")
-    run_version: str | None = setting(None, optional(text), "the run folder's name under LOGDIR/NAME (default: "
+    run_version: str | None = setting(None, optional(folder_name), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
     resume: str | None = setting(None, optional(text), "continue the run that wrote this checkpoint, in its "
@@ -188,6 +191,8 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
     """A YAML file that must hold a mapping; any problem is one line starting with ``label``."""
     import yaml
 
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO or a device would block the read
+        raise UsageError(f"{label}: not a regular file")
     try:
         with open(path, encoding="utf-8") as stream:
             document = yaml.safe_load(stream) or {}
@@ -201,7 +206,25 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
         raise UsageError(f"{label}: nested too deeply to be a config file") from None
     if not isinstance(document, dict):
         raise UsageError(f"{label}: expected {expected}")
+    if _expanded_size(document, MAX_VALUES) > MAX_VALUES:
+        raise UsageError(f"{label}: expands to more than {MAX_VALUES:,} values (YAML aliases); write the values out")
     return document
+
+
+MAX_VALUES = 10_000  # far more than any config or search space holds; an alias bomb expands to billions
+
+
+def _expanded_size(value: Any, limit: int) -> int:
+    """How many values ``value`` holds once its aliases are expanded, counting no further than past ``limit``."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            stack += list(item)
+    return count
 
 
 def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
@@ -242,7 +265,7 @@ def _checked_layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, An
         if name == "trainer":
             continue
         if name not in known:
-            raise UsageError(f"{source}: unknown key {key!r} (keys are train.py flag names, e.g. max_epochs)")
+            raise UsageError(f"{source}: unknown key {shown(key)} (keys are train.py flag names, e.g. max_epochs)")
         checked[name] = _check(name, value, _label(source, str(key)))
     passthrough: dict[str, Any] = {}
     for key, value in trainer.items():

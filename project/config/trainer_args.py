@@ -8,6 +8,7 @@ import types
 import typing
 from typing import Any
 
+from project.config.validators import shown
 from project.errors import UsageError
 
 # Arguments the template fills itself; the hint says where a user changes them instead.
@@ -38,7 +39,7 @@ def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
             raise UsageError(f"--trainer.{key}: not an argument of lightning.Trainer{hint}")
         expected = hints.get(key)
         if expected is not None and not fits(value, expected):
-            raise UsageError(f"--trainer.{key}: expected {describe(expected)}, got {value!r}")
+            raise UsageError(f"--trainer.{key}: expected {describe(expected)}, got {shown(value)}")
         if key in AT_LEAST_ONE and isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise UsageError(f"--trainer.{key}: must be 1 or more, got {value}")
     return dict(values)

@@ -5,17 +5,26 @@ A failed check raises ValueError with a message that reads well after the settin
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 6, 6, 3
+
+
+def shown(value: Any) -> str:
+    """A value as an error message quotes it: cut short (a YAML file's aliases can make one as long as the memory)."""
+    return _SHORT.repr(value)
 
 
 def _number(value: Any, kind: type) -> int | float:
     if isinstance(value, bool) or (kind is int and isinstance(value, float)):
-        raise ValueError(f"not a valid {kind.__name__}: {value!r}")
+        raise ValueError(f"not a valid {kind.__name__}: {shown(value)}")
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise ValueError(f"not a valid {kind.__name__}: {value!r}") from None
+        raise ValueError(f"not a valid {kind.__name__}: {shown(value)}") from None
 
 
 def positive_int(value: Any) -> int:
@@ -59,7 +68,17 @@ def flag(value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ValueError(f"must be true or false, got {value!r}")
+    raise ValueError(f"must be true or false, got {shown(value)}")
+
+
+def folder_name(value: Any) -> str:
+    """One plain folder name (a run's, under LOGDIR/NAME): no path, no '..', not too long for a file system."""
+    name = text(value)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or name.startswith("-"):
+        raise ValueError(f"must be one plain folder name, got {shown(name)}")
+    if len(name.encode()) > 100:
+        raise ValueError(f"must be at most 100 bytes long, got {len(name.encode())}")
+    return name
 
 
 def flag_or_auto(value: Any) -> bool | str:
@@ -71,14 +90,14 @@ def flag_or_auto(value: Any) -> bool | str:
 
 def text(value: Any) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise ValueError(f"must be a string, got {value!r}")
+        raise ValueError(f"must be a string, got {shown(value)}")
     return str(value)
 
 
 def one_of(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if isinstance(value, bool) or str(value) not in choices:
-            raise ValueError(f"invalid choice: {str(value)!r} (choose from {', '.join(choices)})")
+            raise ValueError(f"invalid choice: {shown(str(value))} (choose from {', '.join(choices)})")
         return str(value)
 
     return check
@@ -95,12 +114,12 @@ def sizes(value: Any) -> list[int]:
 def size_or_share(value: Any) -> int | float:
     """A count (``5000``) or a share of a whole (``0.1``, strictly between 0 and 1)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a count or a share between 0 and 1, got {value!r}")
+        raise ValueError(f"expected a count or a share between 0 and 1, got {shown(value)}")
     text_value = str(value).strip()
     try:
         number = float(text_value)
     except ValueError:
-        raise ValueError(f"expected a count or a share between 0 and 1, got {value!r}") from None
+        raise ValueError(f"expected a count or a share between 0 and 1, got {shown(value)}") from None
     if 0 < number < 1:
         return number
     return positive_int(value)
@@ -113,9 +132,9 @@ def devices_spec(value: Any) -> int | list[int] | str:
         try:
             indices = [_number(p, int) for p in parts]
         except ValueError:
-            raise ValueError(f"device indices must be integers, got {value!r}") from None
+            raise ValueError(f"device indices must be integers, got {shown(value)}") from None
         if not indices or any(i < 0 for i in indices) or len(set(indices)) != len(indices):
-            raise ValueError(f"device indices must be distinct and >= 0, got {value!r}")
+            raise ValueError(f"device indices must be distinct and >= 0, got {shown(value)}")
         return indices
     if str(value).strip() == "auto":
         return "auto"
@@ -158,3 +177,40 @@ def top_k(value: Any) -> int:
     if number < -1:
         raise ValueError(f"must be -1 (all), 0 or more, got {value}")
     return number
+
+
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what the figures' files can be (matplotlib writes them)
+
+
+def _writable_folder(folder: Any, what: str) -> None:
+    import os
+    from pathlib import Path
+
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {what} in {folder} ({existing} is not a folder this user can write in)")
+
+
+def image_file(value: Any) -> str:
+    """A figure's file: a suffix matplotlib writes, in a folder that exists and can be written."""
+    from pathlib import Path
+
+    path = Path(text(value))
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"{shown(str(path))}: name a {', '.join(IMAGE_SUFFIXES)} file")
+    if not path.parent.is_dir():
+        raise ValueError(f"{shown(str(path))}: the folder {path.parent} does not exist")
+    _writable_folder(path.parent, "the figure")
+    return str(path)
+
+
+def output_folder(value: Any) -> str:
+    """A folder for a script's reports: it may not exist yet, but it must be possible to make and write."""
+    from pathlib import Path
+
+    path = Path(text(value))
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{shown(str(path))}: is a file, not a folder")
+    _writable_folder(path, "the reports")
+    return str(path)

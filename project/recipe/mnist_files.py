@@ -71,6 +71,8 @@ def idx_problem(path: Path, magic: int) -> tuple[str | None, int]:
     """What is wrong with one IDX file (None if nothing), and the record count its header gives."""
     if path.is_dir():
         return "is a directory, not a file", 0
+    if path.exists() and not path.is_file():
+        return "not a regular file (a pipe or a device)", 0
     try:
         with path.open("rb") as stream:
             header = stream.read(4 + 4 * 3)

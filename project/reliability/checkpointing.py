@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.errors import CheckpointError, NonFiniteLossError, UsageError
+from project.errors import CheckpointError, NonFiniteLossError
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -32,6 +33,13 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
+    except RuntimeError as err:  # torch's zip writer says a failed write its own way ("unexpected pos ...")
+        Path(temporary).unlink(missing_ok=True)
+        if "write" not in str(err) and "unexpected pos" not in str(err):
+            raise
+        full = shutil.disk_usage(path.parent).free < (1 << 20)
+        raise OSError(errno.ENOSPC if full else errno.EIO, "No space left on device" if full else
+                      f"write failed ({str(err).splitlines()[0][:80]})", str(path)) from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -111,6 +119,23 @@ class RunRecord(Callback):
         steps_per_call = getattr(trainer.datamodule, "steps_per_call", self.steps_per_call)
         checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": steps_per_call}
         self._flush(trainer)
+        if trainer.is_global_zero:
+            self._note_in_run_record(trainer)
+
+    @staticmethod
+    def _note_in_run_record(trainer: L.Trainer) -> None:
+        """``run.json``: the newest checkpoint's step, and the best checkpoint with the score it recorded."""
+        from project.reliability import runs
+        from project.training.build import run_dir
+
+        folder = run_dir(trainer)
+        if not (folder / runs.RECORD).is_file():
+            return
+        best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
+        noted: dict[str, Any] = {"step": trainer.global_step}
+        if best is not None and best.best_model_path and best.best_model_score is not None:
+            noted.update(best_checkpoint=Path(best.best_model_path).name, best_score=float(best.best_model_score))
+        runs.write_record(folder, **noted)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -187,27 +212,3 @@ def _reason(text: str, err: Exception) -> str:
     if "PytorchStreamReader" in text or "zip archive" in text:
         return "damaged or truncated archive"
     return text.splitlines()[0][:100] if text else type(err).__name__
-
-
-def newest_run(logdir: str | os.PathLike, name: str, containing: str = "checkpoints") -> Path:
-    """The highest ``version_N`` under ``logdir/name`` that holds ``containing``."""
-    runs = [p for p in Path(logdir, name).glob("version_*")
-            if re.fullmatch(r"version_\d+", p.name) and (p / containing).exists()]
-    if not runs:
-        raise UsageError(f"no run with {containing} under {Path(logdir, name)}; train first or pass a path")
-    return max(runs, key=lambda p: int(p.name.split("_")[1]))
-
-
-def find_checkpoint(spec: str, logdir: str | os.PathLike, name: str, flag: str) -> Path:
-    """``best`` / ``last`` mean the newest run's best or last checkpoint; anything else is a path."""
-    if spec not in ("best", "last"):
-        return Path(spec)
-    try:
-        run = newest_run(logdir, name, "checkpoints/last.ckpt" if spec == "last" else "checkpoints")
-    except UsageError as err:
-        raise UsageError(f"{flag} {spec}: {err}") from None
-    folder = run / "checkpoints"
-    found = sorted(folder.glob("best-*.ckpt")) if spec == "best" else [folder / "last.ckpt"]
-    if not found:
-        raise UsageError(f"{flag} {spec}: no {spec} checkpoint in {folder}")
-    return found[-1]

@@ -4,6 +4,7 @@ is written. A resume continues the same run: same settings, same folder, same st
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.config.schema import RECIPE, RunConfig
 from project.errors import NothingToDo, UsageError, UserError
-from project.reliability.checkpointing import find_checkpoint, read_checkpoint
+from project.reliability import runs
+from project.reliability.checkpointing import read_checkpoint
 from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
 from project.training.plan import check_schedule_length, planned_steps
 from project.training.tensor_data import data_position
@@ -57,13 +59,16 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
         if not path.is_file():
             return None
     else:
-        path = find_checkpoint(config.resume, config.logdir, config.name, "--resume")
+        path, _ = runs.checkpoint_of(config.resume, config.logdir, config.name, "--resume")
     if config.wants_tuner:
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
     checkpoint = read_checkpoint(path)
     record = checkpoint.get("run_record", {})
-    check_same_training(record.get("config", {}), config, path)
+    # A checkpoint written before runs recorded their settings: check what its hyperparameters say of them.
+    trained = record.get("config") or {key: value for key, value in checkpoint["hyper_parameters"].items()
+                                       if key in TRAINED}
+    check_same_training(trained, config, path)
     saved_world = (data_position(checkpoint) or {}).get("world_size")
     if saved_world is not None and saved_world != world_size:
         raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
@@ -77,9 +82,14 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
 
 
 def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
-    """Refuse, naming the flag, any setting that would change what the checkpoint's run trains."""
+    """Refuse, naming the flag, any setting that would change what the checkpoint's run trains (a setting left to
+    its default compares as the default it stands for)."""
     now = {**config.to_mapping(), "precision": _full_precision(config.precision)}
     saved = {**saved, **({"precision": _full_precision(saved["precision"])} if "precision" in saved else {})}
+    default_val = RECIPE.datamodule_class().default_val_size if "val_size" in saved else None
+    for values in (now, saved):
+        if values.get("val_size") is None and "val_size" in saved:
+            values["val_size"] = default_val
     keys = [*TRAINED, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
     differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
                  if key in saved and saved[key] != now.get(key)]
@@ -109,7 +119,7 @@ def initial_weights(config: RunConfig) -> dict[str, Any] | None:
     """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
     if not config.init_from:
         return None
-    path = find_checkpoint(config.init_from, config.logdir, config.name, "--init-from")
+    path, _ = runs.checkpoint_of(config.init_from, config.logdir, config.name, "--init-from")
     return read_checkpoint(path)["state_dict"]
 
 
@@ -127,6 +137,10 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     folder = resume.run_folder
     if folder is None or rank_zero_only.rank != 0:
         return config.replace(**_folder_settings(folder, resume)) if folder else config
+    runs.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
+    if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
+        raise UsageError(f"--resume: cannot write in {folder} (no permission): a resumed run continues in its own "
+                         "folder; make it writable, or start a new run from its weights with --init-from")
     done = finished_results(folder)
     if done is not None and config.max_epochs == resume.record.get("config", {}).get("max_epochs"):
         raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', math.nan):.4f}, weights "

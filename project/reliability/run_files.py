@@ -19,6 +19,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.config.schema import RunConfig
 from project.errors import UsageError
+from project.reliability import runs
+from project.reliability.secrets import redact
 from project.results.tensorboard_figures import tensorboard_of
 from project.training.build import run_dir
 
@@ -29,6 +31,9 @@ def check_outputs_writable(config: RunConfig) -> None:
     """Report an unwritable or full log folder, or a bad export path, now and not after training."""
     if config.fast_dev_run:
         return
+    if config.export and config.export_pt2 and Path(config.export).resolve() == Path(config.export_pt2).resolve():
+        raise UsageError(f"--export and --export-pt2 name the same file, {config.export}: one would overwrite the "
+                         "other; give each its own path")
     _check_writable_dir(Path(config.logdir), "--logdir")
     named = Path(config.logdir) / config.name / (config.run_version or "")
     if config.run_version and named.exists() and rank_zero_only.rank == 0 and not config.resume:
@@ -64,18 +69,23 @@ def _check_writable_dir(folder: Path, flag: str) -> None:
             pass  # the folder was not there to write in: reported above
 
 
-def claim_run_folder(config: RunConfig) -> RunConfig:
+def claim_run_folder(config: RunConfig, resuming: bool = False) -> RunConfig:
     """Make the run's folder now, atomically (``mkdir`` fails if it exists): runs started at the same
-    moment never share one. Rank 0 claims it; the ranks Lightning starts later are told its name."""
+    moment never share one; then hold it (``runs.own``) and start its record. Rank 0 claims it; the
+    ranks Lightning starts later are told its name. ``resuming``: the folder is the run's own, held
+    already (``continue_in_its_folder``)."""
     if config.fast_dev_run:
         return config
     if rank_zero_only.rank != 0:
         return config.replace(run_version=os.environ.get(RUN_VERSION_ENV, config.run_version))
     parent = Path(config.logdir) / config.name
+    existed = False
     try:
         parent.mkdir(parents=True, exist_ok=True)
         if config.run_version:
-            (parent / config.run_version).mkdir(exist_ok=bool(config.resume))
+            folder = parent / config.run_version
+            existed = folder.is_dir()
+            folder.mkdir(exist_ok=bool(config.resume))
             version = config.run_version
         else:
             version = _next_free_version(parent)
@@ -85,8 +95,26 @@ def claim_run_folder(config: RunConfig) -> RunConfig:
     except OSError as err:
         raise UsageError(f"--logdir {config.logdir}: cannot make the run folder in {parent} "
                          f"({err.strerror or err})") from None
+    folder = parent / version
+    runs.own(folder, "--run-version" if config.run_version else "--logdir")
+    if existed and not resuming:
+        start_over_in(folder)  # --resume auto, and nothing to resume from yet
+    runs.start_record(folder, config.trainer, resumed=resuming)
     os.environ[RUN_VERSION_ENV] = version
     return config.replace(run_version=version)
+
+
+def start_over_in(folder: Path) -> None:
+    """``--resume auto`` of a folder with no checkpoint: a finished run (one without checkpoints) is left alone, in
+    one line; one that was stopped before its first checkpoint (the same job, requeued) starts again there, its
+    logs cleared."""
+    from project.errors import NothingToDo
+
+    done = finished_results(folder)
+    if done is not None:
+        raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', float('nan')):.4f}, weights "
+                          f"{done['weights']}); nothing to resume, nothing written")
+    roll_back_logs(folder, 0)
 
 
 def _next_free_version(parent: Path) -> str:
@@ -109,9 +137,10 @@ def roll_back_logs(folder: Path, step: int) -> None:
     """
     stamps = [0]
     for path in sorted(folder.iterdir()):
-        if path.name.startswith("events.out.tfevents."):
+        written = EVENT_FILE.fullmatch(path.name)
+        if written:  # other files (a user's events.out.tfevents.bak) are left alone
             _keep_events_before(path, step)
-            stamps.append(int(path.name.split(".")[3]))
+            stamps.append(int(written.group(1)))
         elif path.name == "metrics.csv":
             _keep_rows_before(path, step)
     # TensorBoard reads a folder's event files in name order, which starts with the second they were
@@ -120,13 +149,23 @@ def roll_back_logs(folder: Path, step: int) -> None:
         time.sleep(0.05)
 
 
+EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\..+")  # TensorBoard's: the second it was made, host, ...
+
+
 def _keep_events_before(path: Path, step: int) -> None:
+    """The events logged below ``step`` (the file's version record too); a file cut short by a kill keeps what it
+    holds whole, and one that is not an event file at all is left as it is."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
 
-    records = list(RawEventFileLoader(str(path)).Load())
-    kept = [record for record in records if Event.FromString(record).step < step]
+    try:
+        records = list(RawEventFileLoader(str(path)).Load())
+        events = [Event.FromString(record) for record in records]
+    except Exception:  # noqa: BLE001 - a damaged file: TensorBoard itself skips what it cannot read
+        return
+    kept = [record for record, event in zip(records, events, strict=True)
+            if event.step < step or event.HasField("file_version")]
     if len(kept) == len(records):
         return
     cut = path.with_name(f".{path.name}.cut")
@@ -143,10 +182,18 @@ def _keep_rows_before(path: Path, step: int) -> None:
     if not rows or "step" not in rows[0]:
         return
     column = rows[0].index("step")
-    kept = [rows[0]] + [row for row in rows[1:] if not row[column] or float(row[column]) < step]
+    kept = [rows[0]] + [row for row in rows[1:] if _step_of(row, column) < step]
     if len(kept) < len(rows):
         with open(path, "w", newline="") as stream:
             csv.writer(stream).writerows(kept)
+
+
+def _step_of(row: list[str], column: int) -> float:
+    """A metrics.csv row's step; a row cut short by a kill (no step) is dropped with the rows after the checkpoint."""
+    try:
+        return float(row[column]) if row[column] else -1.0
+    except (IndexError, ValueError):
+        return float("inf")
 
 
 def remove_partial_files(folder: Path) -> None:
@@ -188,9 +235,9 @@ def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
     tensorboard = tensorboard_of(trainer)
     if tensorboard is None:
         return
-    command = " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+    command = redact(" ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv]))
     settings = {**config.to_mapping(), "world_size": trainer.world_size}
-    table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{v}` |" for k, v in settings.items())
+    table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
     tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
     tensorboard.experiment.add_text("run/config", table, 0)
 

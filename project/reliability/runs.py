@@ -43,8 +43,12 @@ def write_record(folder: Path, **changes: Any) -> None:
     """Update ``run.json`` atomically (a reader never sees half a file)."""
     record = {**read_record(folder), **changes}
     temporary = folder / f".{RECORD}.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps(record, indent=2))
-    os.replace(temporary, folder / RECORD)
+    try:
+        temporary.write_text(json.dumps(record, indent=2))
+        os.replace(temporary, folder / RECORD)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def start_record(folder: Path, trainer_args: dict[str, Any], resumed: bool) -> None:
@@ -84,6 +88,40 @@ class RunLock:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+_OWNED: dict[Path, RunLock] = {}
+
+
+def own(folder: Path, flag: str) -> None:
+    """Hold ``folder`` for this process until ``release_all`` (at the run's end); one line if another holds it."""
+    folder = folder.resolve()
+    if folder not in _OWNED:
+        _OWNED[folder] = RunLock(folder).acquire(flag)
+
+
+def release_all() -> None:
+    for lock in _OWNED.values():
+        lock.release()
+    _OWNED.clear()
+
+
+def end_record(folder: Path, error: BaseException | None) -> None:
+    """How the run ended: finished, stopped (a signal, Ctrl-C) or failed (with its one line)."""
+    from project.errors import NothingToDo, Terminated
+
+    if isinstance(error, NothingToDo) or not (folder / RECORD).is_file():
+        return
+    if error is None:
+        state: dict[str, Any] = {"state": "finished", "error": None}
+    elif isinstance(error, (Terminated, KeyboardInterrupt)):
+        state = {"state": "stopped", "error": None}
+    else:
+        state = {"state": "failed", "error": (str(error).strip().splitlines() or [type(error).__name__])[0][:300]}
+    try:
+        write_record(folder, **state)
+    except OSError:
+        pass  # a full disk (what stopped the run, maybe): its own error is the one to report
 
 
 def is_locked(folder: Path) -> bool:
@@ -162,8 +200,9 @@ def newest_run(logdir: str | os.PathLike, name: str, need: str, flag: str) -> Ru
         raise UsageError(f"{flag} {need}: no run with a {need} checkpoint under {Path(logdir, name)}; train first or "
                          "pass a path")
     if not real:
-        raise UsageError(f"{flag} {need}: the runs under {Path(logdir, name)} are smoke tests ({candidates[0].folder.name}"
-                         f": {candidates[0].describe()}); pass its checkpoint's path to use one anyway")
+        newest = candidates[0]
+        raise UsageError(f"{flag} {need}: the runs under {Path(logdir, name)} are smoke tests ({newest.folder.name}: "
+                         f"{newest.describe()}); pass its checkpoint's path to use one anyway")
     return real[0]
 
 

@@ -29,11 +29,12 @@ from project.reliability.checkpointing import validation_due
 from project.reliability.slurm import requeue_this_job
 
 # SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1"}
+# SIGHUP: the terminal went away (a closed window, a dropped ssh session).
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1", signal.SIGHUP: "SIGHUP"}
 
 
 class StopSignals:
-    """Notes SIGTERM, SIGINT and SIGUSR1 for the whole run; ``received`` is the first that came, if any."""
+    """Notes SIGTERM, SIGINT, SIGUSR1 and SIGHUP for the whole run; ``received`` is the first that came, if any."""
 
     def __init__(self) -> None:
         self.received: int | None = None

@@ -12,7 +12,8 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project import EVAL_BATCH_SIZE
 from project.contract import recipe
 from project.errors import CheckpointError
-from project.reliability.checkpointing import find_checkpoint, read_checkpoint, read_weights
+from project.reliability import runs
+from project.reliability.checkpointing import read_checkpoint, read_weights
 
 
 class Classifier(nn.Module):
@@ -22,10 +23,11 @@ class Classifier(nn.Module):
     and unchanged for one that already returns log-probabilities.
     """
 
-    def __init__(self, network: nn.Module, source: str) -> None:
+    def __init__(self, network: nn.Module, source: str, chosen: str = "") -> None:
         super().__init__()
         self.network = network
         self.source = source
+        self.chosen = chosen  # how the default picked it ("the best checkpoint of the newest run, ..."), if it did
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.network(inputs).float(), dim=1)
@@ -38,14 +40,15 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
     if weights:
         network = module_class.network_from_weights(read_weights(weights), str(weights))
         return Classifier(network.eval(), source=str(weights))
-    path = find_checkpoint(ckpt or "best", logdir, name or recipe().name, "--ckpt")
+    path, run = runs.checkpoint_of(ckpt or "best", logdir, name or recipe().name, "--ckpt")
     state = read_checkpoint(path)
     module = module_class(**state["hyper_parameters"])
     try:
         module.load_state_dict(state["state_dict"], strict=True)
     except RuntimeError:
         raise CheckpointError(f"{path}: its weights do not fit this recipe's {module_class.__name__}") from None
-    return Classifier(module.model.eval(), source=str(path))
+    chosen = f"the {ckpt or 'best'} checkpoint of the newest run, {run.folder} ({run.describe()})" if run else ""
+    return Classifier(module.model.eval(), source=str(path), chosen=chosen)
 
 
 def recipe_data(data_dir: str | None = None) -> Any:

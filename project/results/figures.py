@@ -3,6 +3,7 @@ ones for the files the scripts write (``evaluate.py --plot``, ``plot_scalars.py`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -139,6 +140,8 @@ def scalars_figure(run: str, wanted: list[str]) -> Any:
 
     from project.errors import UserError
 
+    if not Path(run).is_dir() or not any(Path(run).glob("events.out.tfevents.*")):
+        raise UserError(f"{run}: not a run folder (no TensorBoard event files in it)")
     events = EventAccumulator(run, size_guidance={"scalars": 0})
     events.Reload()
     available = set(events.Tags()["scalars"])

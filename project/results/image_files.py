@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -16,22 +17,46 @@ T = TypeVar("T")
 
 
 def with_image(path: str | os.PathLike, use: Callable[[Image.Image], T]) -> T:
-    """``use(image)`` on the decoded file (EXIF rotation applied), or ``ImageError`` in one line."""
+    """``use(image)`` on the decoded file (EXIF rotation applied, 16-bit and float pixels scaled to 8 bits), or
+    ``ImageError`` in one line. Only regular files are opened (a FIFO would block), and images larger than
+    Pillow's decompression-bomb limit are refused before they are decoded."""
     path = Path(path)
     if path.is_dir():
         raise ImageError("is a directory")
+    if path.exists() and not path.is_file():
+        raise ImageError("not a regular file")
     try:
-        with Image.open(path) as image:
-            image.load()
-            return use(ImageOps.exif_transpose(image))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                return use(eight_bit(ImageOps.exif_transpose(image)))
     except FileNotFoundError:
         raise ImageError("no such file") from None
     except PermissionError:
         raise ImageError("no permission to read it") from None
     except UnidentifiedImageError:
         raise ImageError("not an image file (or a format Pillow cannot read)") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageError(f"too large to decode (more than {Image.MAX_IMAGE_PIXELS:,} pixels)") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise ImageError(f"cannot decode the image ({str(err).splitlines()[0][:100] or type(err).__name__})") from None
+
+
+def eight_bit(image: Image.Image) -> Image.Image:
+    """16-bit, 32-bit and float grey images as 8-bit grey, scaled rather than clipped: Pillow's own conversion
+    clips 16-bit scans at 255 and turns float pixels in [0, 1] black."""
+    if image.mode not in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        return image
+    values = torch.frombuffer(bytearray(image.convert("F").tobytes()), dtype=torch.float32)
+    if image.mode == "F":
+        top = 1.0 if len(values) and float(values.max()) <= 1.0 else 255.0
+    elif image.mode.startswith("I;16"):
+        top = 65535.0
+    else:  # 32-bit integers: the range the values use
+        top = 65535.0 if len(values) and float(values.max()) > 255 else 255.0
+    scaled = (values.clamp(0, top) * (255 / top)).round().to(torch.uint8)
+    return Image.frombytes("L", image.size, scaled.numpy().tobytes())
 
 
 def read_resized(path: str | os.PathLike, shape: tuple[int, ...]) -> torch.Tensor:

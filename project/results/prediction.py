@@ -30,6 +30,12 @@ def classify_files(classifier: Classifier, inputs: list[str], topk: int = 1) -> 
 
 
 def render_row(result: dict[str, Any]) -> str:
-    """``PATH<TAB>CLASS<TAB>PROBABILITY`` and, with top-k, ``<TAB>class:p`` for the runners-up."""
+    """``PATH<TAB>CLASS<TAB>PROBABILITY`` and, with top-k, ``<TAB>class:p`` for the runners-up. A tab, newline or
+    backslash in the path is written as ``\\t``, ``\\n``, ``\\\\``, so that each line stays one row of three or more
+    fields."""
     (digit, probability), *others = result["topk"]
-    return f"{result['path']}\t{digit}\t{probability:.4f}" + "".join(f"\t{d}:{p:.4f}" for d, p in others)
+    return f"{escaped(result['path'])}\t{digit}\t{probability:.4f}" + "".join(f"\t{d}:{p:.4f}" for d, p in others)
+
+
+def escaped(path: str) -> str:
+    return path.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")

@@ -23,6 +23,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from project.errors import UsageError
+from project.reliability.secrets import redact
 
 RETRIES = 2  # a trial whose worker died runs at most this many more times
 # URL scheme: (SQLAlchemy dialect, driver module, the extra that installs it). Named in the URL, so
@@ -57,6 +58,9 @@ def _journal(path: Path) -> JournalStorage:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as err:
         raise UsageError(f"--storage {path}: cannot open it ({err.strerror or err})") from None
+    except ValueError as err:  # a line that is not one of Optuna's (another program wrote it)
+        raise UsageError(f"--storage {path}: cannot read the study from it ({str(err)[:100]}); use another journal "
+                         "file, or repair this one") from None
 
 
 def _rdb(url: str, heartbeat: int, shown: str) -> RDBStorage:
@@ -77,11 +81,7 @@ def _rdb(url: str, heartbeat: int, shown: str) -> RDBStorage:
 
 def describe(spec: str) -> str:
     """The storage as printed: a URL without its password."""
-    if "://" in spec and "@" in spec:
-        scheme, rest = spec.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
-    return spec
+    return redact(spec)
 
 
 def owner() -> str:

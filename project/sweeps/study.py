@@ -17,11 +17,20 @@ import lightning as L
 import optuna
 import yaml
 from lightning.pytorch.callbacks import Callback
+from sqlalchemy.exc import SQLAlchemyError
 
 from project.config.schema import RunConfig, load_yaml, resolve_config
-from project.errors import NonFiniteLossError, UsageError, UserError
+from project.config.validators import shown
+from project.errors import NonFiniteLossError, Terminated, UsageError, UserError
 from project.hardware.devices import expected_world_size
-from project.sweeps.storage import frozen_trial, open_storage, owner, retried_from, retry_dead_workers_trials
+from project.sweeps.storage import (
+    describe,
+    frozen_trial,
+    open_storage,
+    owner,
+    retried_from,
+    retry_dead_workers_trials,
+)
 from project.sweeps.workers import Worker
 from project.training.build import build_datamodule
 from project.training.console import quiet_lightning_info
@@ -37,39 +46,70 @@ def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, An
     document = load_yaml(str(path), str(path), "a mapping with 'params' (and optionally 'fixed')")
     for key in document:
         if key not in ("fixed", "params"):
-            raise UsageError(f"{path}: unknown top-level key {key!r} (expected 'params' and 'fixed')")
+            raise UsageError(f"{path}: unknown top-level key {shown(key)} (expected 'params' and 'fixed')")
     fixed, params = document.get("fixed") or {}, document.get("params") or {}
     if not isinstance(fixed, dict) or not isinstance(params, dict) or not params:
         raise UsageError(f"{path}: 'params' must map flag names to search specs (and 'fixed' to values)")
-    known = set(RunConfig.settings()) | {"trainer"}
+    settings = RunConfig.settings()
     for section, keys in (("fixed", fixed), ("params", params)):
         for key in keys:
-            if str(key).replace("-", "_") not in known:
+            name = str(key).replace("-", "_")
+            if name not in settings and name != "trainer":
                 raise UsageError(f"{path}: {section}.{key}: not a train.py flag")
+            if name in PER_TRIAL:
+                raise UsageError(f"{path}: {section}.{key}: set by the sweep for each trial (its own run folder, "
+                                 "a new run); leave it out of the space")
     for key, spec in params.items():
-        _check_spec(path, key, spec)
+        _check_spec(path, str(key).replace("-", "_"), spec)
     resolve_config([(fixed, f"{path}: fixed")])  # a bad fixed value is reported now, not at the first trial
     return fixed, params
 
 
+# A trial is a new run in a folder the sweep names: these belong to one invocation of train.py, not to a space.
+PER_TRIAL = ("resume", "init_from", "run_version", "export", "export_pt2", "overwrite", "logdir", "name", "debug")
+
+
 def _check_spec(path: str | Path, key: str, spec: Any) -> None:
+    """One parameter's search spec, and every value it can give checked as the flag checks it: a space that
+    slipped through would fail its trials one by one instead."""
     where = f"{path}: params.{key}"
     if not isinstance(spec, dict) or spec.get("type") not in TYPES:
         raise UsageError(f"{where}: needs 'type: float', 'type: int' or 'type: categorical'")
     extra = set(spec) - {"type", "low", "high", "log", "step", "choices"}
     if extra:
-        raise UsageError(f"{where}: unknown setting {sorted(extra)[0]!r}")
+        raise UsageError(f"{where}: unknown setting {shown(sorted(extra)[0])}")
     if spec["type"] == "categorical":
         if not isinstance(spec.get("choices"), list) or not spec["choices"]:
             raise UsageError(f"{where}: 'choices' must be a non-empty list")
+        for choice in spec["choices"]:
+            _check_value(where, key, choice)
         return
-    low, high = spec.get("low"), spec.get("high")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
-        raise UsageError(f"{where}: 'low' and 'high' must be numbers")
+    low, high, step = spec.get("low"), spec.get("high"), spec.get("step")
+    number = (int,) if spec["type"] == "int" else (int, float)
+    for name, value in (("low", low), ("high", high), *((("step", step),) if step is not None else ())):
+        if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
+            kind = "whole numbers" if spec["type"] == "int" else "finite numbers"
+            raise UsageError(f"{where}: '{name}' must be one of the {kind} a type: {spec['type']} range takes, "
+                             f"got {shown(value)}")
     if not low < high:
         raise UsageError(f"{where}: 'low' ({low}) must be below 'high' ({high})")
     if spec.get("log") and low <= 0:
         raise UsageError(f"{where}: a log scale needs 'low' > 0")
+    if step is not None and step <= 0:
+        raise UsageError(f"{where}: 'step' must be above 0, got {step}")
+    if step is not None and spec.get("log"):
+        raise UsageError(f"{where}: a log scale takes no 'step' (Optuna samples it continuously)")
+    for value in (low, high):
+        _check_value(where, key, value)
+
+
+def _check_value(where: str, key: str, value: Any) -> None:
+    if key == "trainer":
+        return
+    try:
+        RunConfig.check_value(key, value)
+    except ValueError as err:
+        raise UsageError(f"{where}: {shown(value)} is not a value --{key.replace('_', '-')} takes ({err})") from None
 
 
 def suggest(trial: optuna.Trial, params: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -118,8 +158,30 @@ def prepare(args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.Bas
     objective = Objective(fixed, params, base, folder)
     build_datamodule(objective.trial_config({})).prepare_data()
     storage = open_storage(args.storage, args.heartbeat)
-    study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
+    try:
+        study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
+    except (ValueError, KeyError, TypeError) as err:  # a journal cut short or written over by something else
+        raise UsageError(f"--storage {describe(args.storage)}: cannot read the study from it ({_first(err)}); "
+                         "use another journal file, or repair this one") from None
+    check_same_space(study, params, args.study_name)
+    leftover = sorted(p.name for p in (folder / "trials").glob("trial_*")) if (folder / "trials").is_dir() else []
+    if leftover and not study.trials:
+        raise UsageError(f"--study-name {args.study_name}: {folder / 'trials'} holds the trials of another study of "
+                         f"this name ({leftover[0]}, ...), not in {describe(args.storage)}: choose another "
+                         "--study-name or --logdir")
     return study, storage, objective
+
+
+def check_same_space(study: optuna.Study, params: dict[str, dict[str, Any]], name: str) -> None:
+    """A study resumed with another space would mix trials that searched different things."""
+    before = {key for trial in study.trials for key in trial.params}
+    if before and before != set(params):
+        raise UsageError(f"--study-name {name}: its trials searched {', '.join(sorted(before))}; this space searches "
+                         f"{', '.join(sorted(params))}: choose another --study-name for another space")
+
+
+def _first(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage | str, pruner: str, sampler_seed: int | None,
@@ -143,7 +205,11 @@ def run_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, object
             print(f"trial {number}: its worker died; failed, and enqueued again", flush=True)
 
     recover(study)
-    study.optimize(objective, n_trials=n_trials, callbacks=[recover])
+    try:
+        study.optimize(objective, n_trials=n_trials, callbacks=[recover])
+    except (SQLAlchemyError, UnboundLocalError) as err:  # Optuna hides a lost connection as UnboundLocalError
+        raise UserError(f"the study's storage stopped answering ({_first(err)}); the trials that ended are in it: "
+                        "run the same command again once it is back") from None
 
 
 def grid(params: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
@@ -194,6 +260,12 @@ class Objective:
             trial.set_user_attr("diverged", str(err))
             print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)
             raise optuna.TrialPruned() from None
+        except Terminated as err:  # Ctrl-C, SIGTERM: the sweep stops; this trial is recorded as failed
+            stopped = Terminated(f"{str(err).split(' after ')[0].split(' before ')[0].split(' during ')[0]} during "
+                                 f"trial {trial.number}; the trials that ended are in the study: run the same "
+                                 "sweep.py command again to go on with it")
+            stopped.exit_code = err.exit_code
+            raise stopped from None
         seconds = time.perf_counter() - started
         state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
         again = f" (repeats trial {retried})" if retried is not None else ""
@@ -228,7 +300,7 @@ def train_in_own_process(config: RunConfig) -> float:
 def quiet() -> None:
     """One line per trial instead of Lightning's and Optuna's banners for each."""
     quiet_lightning_info()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is the sweep's one line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     for importance_plot_note in ("Target and region quantiles select the same set",
                                  "The number of trials is too small to compute importances"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,14 +53,26 @@ def build_model(config: RunConfig, steps_per_call: int = 1, step_mode: str = "of
                 grouped: bool | None = None) -> ClassifierModule:
     """The recipe's module: its own options from ``config``, and the engine's training settings (``step_mode``:
     ``project.hardware.cuda_graphs.capture_plan``; ``grouped``: the datamodule's, groups of batches per step)."""
-    model = RECIPE.module_class()(**RECIPE.options_of(config), optimizer=config.optimizer, lr=config.lr,
-                                  momentum=config.momentum, weight_decay=config.weight_decay,
-                                  scheduler=config.scheduler, warmup_steps=config.warmup_steps,
-                                  steps_per_call=steps_per_call, step_mode=step_mode, grouped=grouped)
+    try:
+        model = RECIPE.module_class()(**RECIPE.options_of(config), optimizer=config.optimizer, lr=config.lr,
+                                      momentum=config.momentum, weight_decay=config.weight_decay,
+                                      scheduler=config.scheduler, warmup_steps=config.warmup_steps,
+                                      steps_per_call=steps_per_call, step_mode=step_mode, grouped=grouped)
+    except RuntimeError as err:  # torch.OutOfMemoryError too
+        if "alloc" not in str(err) and "out of memory" not in str(err):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(err))
+        size = f"{int(asked.group(1)) / 2**30:,.1f} GiB for one tensor" if asked else str(err).splitlines()[0][:90]
+        options = ", ".join(f"--{name.replace('_', '-')} {_listed(getattr(config, name))}" for name in RECIPE.options)
+        raise UsageError(f"the model does not fit in memory ({size}); choose smaller options ({options})") from None
     model.auto_steps_per_call = config.steps_per_call == "auto"
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
+
+
+def _listed(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def build_loggers(config: RunConfig) -> list[Logger]:
@@ -116,15 +129,19 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
 
 
 class AppendingCSVLogger(CSVLogger):
-    """Lightning's CSV logger, continuing a resumed run's ``metrics.csv`` under its header (Lightning's own
-    writer starts with no columns, and rewrites the file with the resumed run's alone)."""
+    """Lightning's CSV logger, continuing a resumed run's ``metrics.csv``: Lightning's own writer deletes the file
+    it finds and starts with no columns. The rows from before the checkpoint are put back, and the writer
+    goes on under their header."""
 
     @property
     def experiment(self) -> Any:
-        fresh = self._experiment is None
+        if self._experiment is not None:
+            return self._experiment
+        path = Path(self.log_dir) / "metrics.csv"
+        kept = path.read_bytes() if path.is_file() else None
         writer = super().experiment
-        path = Path(getattr(writer, "metrics_file_path", ""))
-        if fresh and path.is_file():
+        if kept is not None:
+            path.write_bytes(kept)
             with open(path, newline="") as stream:
                 writer.metrics_keys = next(csv.reader(stream), [])
         return writer

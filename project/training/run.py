@@ -26,6 +26,7 @@ from project.hardware.devices import (
     resolve_hardware,
     warm_up_cuda,
 )
+from project.reliability import runs
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_files import (
@@ -122,6 +123,20 @@ def test_line(metrics: dict[str, float]) -> str:
     return f"test/acc {metrics.get('test/acc', math.nan):.4f}   test/loss {metrics.get('test/loss', math.nan):.4f}"
 
 
+@dataclass
+class Plan:
+    """A run worked out and checked, before its folder exists: what ``train`` then runs."""
+
+    config: RunConfig
+    datamodule: TensorDataModule
+    model: L.LightningModule
+    resume: Resume | None
+    steps_per_call: int
+    steps_reason: str
+    step_mode: str
+    step_mode_reason: str
+
+
 def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, callbacks: Sequence[Callback] = (),
           test: bool = True, on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
@@ -134,11 +149,34 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     config = resolve_hardware(config)
     warm_up_cuda(config.accelerator)
     L.seed_everything(config.seed, workers=True, verbose=False)
+    try:
+        plan = plan_run(config, datamodule, test)
+        config = claim_run_folder(plan.config, resuming=plan.resume is not None)  # after every refusal
+        folder = Path(config.logdir) / config.name / str(config.run_version)
+        try:
+            result = run_plan(plan, config, callbacks, test, on_tested)
+        except BaseException as err:
+            if is_rank_zero(config):
+                runs.end_record(folder, err)
+                remove_if_untouched(folder, plan.resume)
+            raise
+        if is_rank_zero(config):
+            runs.end_record(folder, None)
+        return result
+    finally:
+        runs.release_all()
+
+
+def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool) -> Plan:
+    """Everything a run can be refused for, checked before anything is written: data, settings, the checkpoint to
+    resume (its folder then held by this process), outputs, steps per call, CUDA graphs, the model."""
     if datamodule is None:
         datamodule = build_datamodule(config)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     train_size, world_size = datamodule.train_size(), expected_world_size(config)
+    if test:
+        datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
     train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
     resume = checkpoint_to_resume(config, train_size, world_size)
     config = continue_in_its_folder(config, resume)
@@ -150,11 +188,19 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
                                                steps_reason.removeprefix("auto: "))
     model = build_model(config, steps_per_call, step_mode, datamodule.grouped)
     load_initial_weights(model, config)
+    if resume is not None:
+        check_fits(model, resume)
     if config.export_pt2:
         check_exportable(model, datamodule.input_shape)
-    config = claim_run_folder(config)  # after every refusal: a refused run writes nothing
+    return Plan(config, datamodule, model, resume, steps_per_call, steps_reason, step_mode, step_mode_reason)
+
+
+def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test: bool,
+             on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
+    """Fit, test and record the planned run in its claimed folder (``config`` names it)."""
+    datamodule, model, resume = plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
-        stopper, record = StopAtSafePoints(signals), RunRecord(config, steps_per_call)
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.steps_per_call)
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if datamodule.grouped else None)
         try:
@@ -173,13 +219,48 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
                 peak_memory_mb=peak_memory_mb(device), device=str(device),
                 epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
                 config_file=config_file, optimizer_steps=trainer.global_step,
-                **steps_taken(datamodule, model, steps_per_call, steps_reason, step_mode, step_mode_reason),
+                **steps_taken(datamodule, model, plan.steps_per_call, plan.steps_reason, plan.step_mode,
+                              plan.step_mode_reason),
             )
             if trainer.is_global_zero and not config.fast_dev_run:
                 finish(trainer, model, result, signals, on_tested if test else None)
         finally:
             close_loggers(trainer)
     return result
+
+
+def is_rank_zero(config: RunConfig) -> bool:
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0 and not config.fast_dev_run
+
+
+def remove_if_untouched(folder: Path, resume: Resume | None) -> None:
+    """A new run refused before it trained (Lightning's own checks of the cluster, say) leaves no folder behind."""
+    if resume is not None or not folder.is_dir():
+        return
+    left = {p.name for p in folder.iterdir()}
+    if left <= {runs.RECORD, runs.LOCK}:
+        for name in left:
+            (folder / name).unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def check_fits(model: L.LightningModule, resume: Resume) -> None:
+    """The checkpoint's weights fit this run's model and are finite (a run that diverged into its checkpoint
+    cannot continue): one line each, before the run starts."""
+    state = read_checkpoint(resume.path)["state_dict"]
+    mine = model.state_dict()
+    unfit = next((key for key, value in state.items() if key in mine and value.shape != mine[key].shape), None)
+    if unfit is not None or not set(mine) >= {k for k in state if k.startswith("model.")}:
+        where = f" ({unfit}: {tuple(state[unfit].shape)} in it, {tuple(mine[unfit].shape)} here)" if unfit else ""
+        raise UserError(f"{resume.path}: its weights do not fit this model{where}; resume with the settings it was "
+                        "trained with")
+    broken = next((key for key, value in state.items() if value.is_floating_point() and
+                   not bool(torch.isfinite(value).all())), None)
+    if broken is not None:
+        raise UserError(f"{resume.path}: its weights are not finite ({broken}): the run diverged before this "
+                        "checkpoint; resume from an earlier one, or start again with a lower --lr")
 
 
 def close_loggers(trainer: L.Trainer) -> None:

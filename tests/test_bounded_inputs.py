@@ -1,0 +1,174 @@
+"""Every input read with a bound, every failure one line with nothing lost: pipes and devices where files are
+expected, YAML that expands without end, images too large or of other depths, names that are paths, outputs that
+cannot be written, a reader that goes away, a model too large, damaged logs and a disk that fails mid-save."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from helpers import RAW_NAMES, ROOT, TINY, TRAIN, make_tiny_mnist, one_line_error, run_script
+from project.errors import ImageError
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def finishes(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A script run that must end by itself (a read from a pipe nobody writes to would block it for good)."""
+    return run_script(*args, timeout=timeout)
+
+
+def test_pipes_are_not_read_as_files(tmp_path):
+    config = fifo(tmp_path / "config.yaml")
+    done = finishes("train.py", "--config", str(config))
+    assert "--config" in one_line_error(done.stderr) and "not a regular file" in done.stderr
+    data = make_tiny_mnist(tmp_path / "data")
+    images = data / "MNIST" / "raw" / RAW_NAMES[(True, "images")]
+    images.unlink()
+    fifo(images)
+    done = finishes("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"))
+    assert f"{images}: not a regular file" in one_line_error(done.stderr)
+    from project.results.image_files import read_resized
+
+    with pytest.raises(ImageError, match="not a regular file"):
+        read_resized(fifo(tmp_path / "digit.png"), (1, 28, 28))
+
+
+def test_yaml_that_expands_without_end_is_refused_in_one_short_line(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{name}: &{name} [*{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}, "
+        f"*{previous}, *{previous}, *{previous}]\n" for previous, name in zip("abcdefgh", "bcdefghi", strict=True))
+    (tmp_path / "bomb.yaml").write_text(bomb + "hidden: *i\n")
+    done = finishes("train.py", "--config", str(tmp_path / "bomb.yaml"))
+    line = one_line_error(done.stderr)
+    assert "expands to more than 10,000 values (YAML aliases)" in line and len(line) < 300
+
+
+def test_images_of_other_depths_are_scaled_not_clipped(tmp_path):
+    from project.results.image_files import read_resized
+
+    ramp = np.arange(0, 256 * 16, 16, dtype=np.uint16).reshape(16, 16) * 16  # 0 .. 65280
+    Image.fromarray(ramp).save(tmp_path / "deep.png")  # 16 bits a pixel
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    grey = read_resized(tmp_path / "deep.png", (1, 16, 16))
+    assert float(grey.max()) == pytest.approx(65280 / 65535, abs=1 / 255) and float(grey.min()) == 0
+    assert len(torch.unique(grey)) > 200  # scaled: not every bright pixel clipped to one value
+    Image.fromarray((ramp / 65535).astype(np.float32)).save(tmp_path / "float.tiff")  # floats in [0, 1]
+    assert torch.allclose(read_resized(tmp_path / "float.tiff", (1, 16, 16)), grey, atol=1.5 / 255)
+
+
+def test_an_image_too_large_to_decode_is_refused_and_the_others_are_still_read(tmp_path):
+    from project.results.image_files import read_resized
+
+    Image.new("1", (20000, 20000)).save(tmp_path / "bomb.png")  # a few kB on disk, 400 million pixels
+    with pytest.raises(ImageError, match="too large to decode"):
+        read_resized(tmp_path / "bomb.png", (1, 28, 28))
+
+
+def test_predict_keeps_one_row_per_file_whatever_its_name():
+    from project.results.prediction import render_row
+
+    row = render_row({"path": "scan\t1\nb\\c.png", "topk": [(3, 0.9), (5, 0.05)]})
+    assert row == "scan\\t1\\nb\\\\c.png\t3\t0.9000\t5:0.0500" and row.count("\t") == 3 and "\n" not in row
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
+    for script, flag, value in [("evaluate.py", "--plot", str(tmp_path / "missing" / "cm.png")),
+                                ("evaluate.py", "--plot", str(tmp_path / "cm.bmpx")),
+                                ("plot_scalars.py", "--out", str(tmp_path / "missing" / "s.png")),
+                                ("benchmark.py", "--out", str(tmp_path / "file.txt" / "out"))]:
+        (tmp_path / "file.txt").write_text("")
+        extra = ("run",) if script == "plot_scalars.py" else ()
+        done = finishes(script, *extra, flag, value)
+        assert done.returncode == 2 and flag in one_line_error(done.stderr, script), done.stderr
+
+
+def test_a_reader_that_goes_away_stops_no_run(tmp_path):
+    """``train.py | head -1``: the head reads the test metrics and leaves; the run still writes everything."""
+    data = make_tiny_mnist(tmp_path / "data")
+    train = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path / "logs"),
+                              *TINY, "--max-epochs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    first = train.stdout.readline()
+    train.stdout.close()  # as head does after its one line
+    stderr = train.stderr.read()
+    assert train.wait(timeout=120) in (0, 141), stderr
+    assert first.startswith("test/acc") and "Traceback" not in stderr
+    run = tmp_path / "logs" / "mnist" / "version_0"
+    assert (run / "model.pth").is_file() and (run / "results.json").is_file()
+
+
+def test_a_model_too_large_for_memory_is_one_line(tmp_path):
+    data = make_tiny_mnist(tmp_path / "data")
+    done = finishes("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY, "--hidden",
+                    "100000000")
+    assert "the model does not fit in memory (292.1 GiB for one tensor); choose smaller options (--hidden " \
+           "100000000)" in one_line_error(done.stderr)
+    assert not (tmp_path / "logs" / "mnist").exists()
+
+
+def test_a_resume_skips_what_is_not_its_own_log_and_a_row_cut_short(tmp_path):
+    from project.reliability.run_files import roll_back_logs
+
+    (tmp_path / "events.out.tfevents.bak").write_bytes(b"a user's copy")
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss\n0,1,0.5\n0,3,0.4\n0,5\n0")
+    roll_back_logs(tmp_path, 4)
+    assert (tmp_path / "events.out.tfevents.bak").read_bytes() == b"a user's copy"
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["epoch,step,train/loss", "0,1,0.5", "0,3,0.4"]
+
+
+def test_a_save_that_fails_in_torchs_writer_is_a_write_error(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as ``RuntimeError: ... unexpected pos``: the template's error for a
+    failed write (one line, the last good file kept) covers it."""
+    from project.reliability import checkpointing
+
+    (tmp_path / "last.ckpt").write_bytes(b"the last good one")
+
+    def failing_save(obj, stream):
+        stream.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(checkpointing.torch, "save", failing_save)
+    with pytest.raises(OSError, match="write failed"):
+        checkpointing.atomic_save({"x": 1}, tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").read_bytes() == b"the last good one" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(tmp_path):
+    """The exclusive mkdir holds for named folders too: of two claims on one name, one is refused."""
+    from project.config.schema import RunConfig
+    from project.errors import UsageError
+    from project.reliability import runs
+    from project.reliability.run_files import claim_run_folder
+
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def claim() -> None:
+        barrier.wait()
+        try:
+            claim_run_folder(RunConfig(logdir=str(tmp_path), run_version="job_1"))
+            outcomes.append("claimed")
+        except UsageError as err:
+            outcomes.append(str(err))
+
+    threads = [threading.Thread(target=claim) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runs.release_all()
+    assert len(outcomes) == 2 and outcomes.count("claimed") == 1
+    assert "exists; runs never share a folder" in next(o for o in outcomes if o != "claimed")

@@ -1,0 +1,191 @@
+"""The right run and the right checkpoint, every time: the best by its recorded score, the newest by when it started
+(named runs and SLURM jobs included), one process per run folder, logs that only grow, nothing secret written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import sys
+
+import lightning as L
+import pytest
+import torch
+
+from helpers import event_accumulator, make_tiny_mnist, one_line_error, run_script, tiny_config
+from project.errors import NothingToDo, Terminated, UsageError, UserError
+from project.reliability import runs
+from project.training.run import train
+
+SHORT = {"max_epochs": 2, "accelerator": "cpu", "steps_per_call": 1}  # 7 steps an epoch, one per Lightning step
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_tiny_mnist(tmp_path_factory.mktemp("choosing") / "data", wrong_labels=0.1)
+
+
+class SignalAtStep(L.Callback):
+    """Sends this process ``signum`` once, after optimizer step ``step``."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
+        self.step, self.signum, self.sent = step, signum, False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+
+def test_best_is_the_recorded_best_score_not_the_last_name(data, tmp_path):
+    result = train(tiny_config(data, tmp_path, save_top_k=-1, **SHORT))
+    best = runs.best_checkpoint(result.run_dir)
+    assert str(best) == result.best_checkpoint  # what the run recorded
+    checkpoints = best.parent
+    # A worse checkpoint whose name sorts last (as a later epoch's does): chosen by name, it would win.
+    worse = checkpoints / "best-epoch09-acc0.0100.ckpt"
+    shutil.copy(checkpoints / "last.ckpt", worse)
+    assert runs.best_checkpoint(result.run_dir) == best
+    done = run_script("evaluate.py", "--logdir", str(tmp_path), "--data-dir", str(data), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["source"] == str(best)
+    assert done.stderr.startswith(f"evaluate.py: using {best}, the best checkpoint of the newest run, "
+                                  f"{result.run_dir} (finished)")
+
+
+def test_the_newest_run_is_the_one_that_started_last_whatever_its_name(data, tmp_path):
+    first = train(tiny_config(data, tmp_path, **SHORT))
+    with pytest.raises(Terminated, match="stopped by SIGTERM after step 9"):
+        train(tiny_config(data, tmp_path, run_version="job_17", **SHORT), callbacks=[SignalAtStep(9)])
+    newest = runs.runs(tmp_path, "mnist")
+    assert [r.folder.name for r in newest] == ["job_17", first.run_dir.name]
+    assert newest[0].state == "stopped" and newest[0].step == 9 and newest[1].state == "finished"
+    resumed = train(tiny_config(data, tmp_path, resume="last", **SHORT))  # what the stop line says to do
+    assert resumed.run_dir.name == "job_17" and resumed.optimizer_steps == 14
+    assert runs.run_info(resumed.run_dir).state == "finished"
+
+
+def test_a_run_folder_is_held_by_one_process(data, tmp_path):
+    """A resume of a run still training, or a second job racing for the same --run-version (``--resume auto``, as
+    SLURM's script runs it), meets one line and touches nothing."""
+    result = train(tiny_config(data, tmp_path, **SHORT, scheduler="none"))
+    lock = runs.RunLock(result.run_dir).acquire("test")  # as the process training it holds it
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in result.run_dir.rglob("*"))
+    try:
+        with pytest.raises(UsageError, match=r"--resume: .* is in use by a run still training \(pid"):
+            train(tiny_config(data, tmp_path, resume=str(result.last_checkpoint), scheduler="none",
+                              **{**SHORT, "max_epochs": 3}))
+        racing = tmp_path / "mnist" / "job_3"
+        racing.mkdir()
+        other = runs.RunLock(racing).acquire("test")  # the other job, which made the folder a moment ago
+        with pytest.raises(UsageError, match="--run-version: .*job_3 is in use by a run still training"):
+            train(tiny_config(data, tmp_path, run_version="job_3", resume="auto", **SHORT))
+        other.release()
+    finally:
+        lock.release()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in result.run_dir.rglob("*")) == before
+
+
+def test_resume_auto_leaves_a_finished_run_without_checkpoints_alone(data, tmp_path):
+    config = tiny_config(data, tmp_path, run_version="job_5", trainer={"enable_checkpointing": False,
+                                                                       "enable_progress_bar": False}, **SHORT)
+    first = train(config)
+    folder = first.run_dir
+    written = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != runs.RECORD}
+    with pytest.raises(NothingToDo, match="job_5 is finished"):
+        train(config.replace(resume="auto", seed=1))
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name in written} == written
+
+
+def test_csv_logs_keep_their_rows_over_a_resume(data, tmp_path):
+    settings = {**SHORT, "logger": "tensorboard,csv", "checkpoint_every_n_steps": 3}
+    reference = train(tiny_config(data, tmp_path / "reference", **settings))
+    with pytest.raises(Terminated):
+        train(tiny_config(data, tmp_path / "stopped", **settings), callbacks=[SignalAtStep(9)])
+    resumed = train(tiny_config(data, tmp_path / "stopped", resume="last", **settings))
+
+    def rows(run):
+        with open(run / "metrics.csv", newline="") as stream:
+            return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in csv.DictReader(stream)]
+
+    assert len(rows(resumed.run_dir)) == len(rows(reference.run_dir)) > 10
+    assert rows(resumed.run_dir) == rows(reference.run_dir)  # epoch 0's val/acc included
+
+
+def test_a_checkpoint_without_the_run_record_is_still_checked(data, tmp_path):
+    """Written before checkpoints held the run's settings: its hyperparameters say what it trained with."""
+    result = train(tiny_config(data, tmp_path, **SHORT))
+    state = torch.load(result.last_checkpoint, weights_only=True)
+    del state["run_record"]
+    older = tmp_path / "older.ckpt"
+    torch.save(state, older)
+    with pytest.raises(UserError, match="--lr 0.05: the checkpoint's run trained with --lr 0.2"):
+        train(tiny_config(data, tmp_path, resume=str(older), lr=0.05, **{**SHORT, "max_epochs": 2}))
+
+
+def test_one_file_for_both_exports_and_bad_run_versions_are_refused_before_anything_is_written(data, tmp_path):
+    same = str(tmp_path / "x.out")
+    with pytest.raises(UsageError, match="--export and --export-pt2 name the same file"):
+        train(tiny_config(data, tmp_path / "logs", export=same, export_pt2=same, **SHORT))
+    for bad in ("/abs/path", "../x", "a/b", "..", "x" * 300):
+        done = run_script("train.py", "--run-version", bad, "--data-dir", str(data), "--logdir", str(tmp_path / "l"))
+        assert done.returncode == 2
+        assert "--run-version" in one_line_error(done.stderr)
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "l").exists() and not (tmp_path / "abs").exists()
+
+
+def test_no_password_reaches_tensorboard(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "--storage", "postgresql://ann:hunter2@db:5432/optuna"])
+    result = train(tiny_config(data, tmp_path, **{**SHORT, "max_epochs": 1}))
+    command = event_accumulator(result.run_dir).Tensors("run/command/text_summary")[0].tensor_proto.string_val[0]
+    assert b"postgresql://ann:***@db:5432/optuna" in command
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
+
+
+def test_sighup_stops_a_run_where_it_can_resume(data, tmp_path):
+    """A closed terminal or a dropped ssh session: saved and said, like SIGTERM."""
+    with pytest.raises(Terminated, match="stopped by SIGHUP after step 4; last.ckpt holds that step") as stopped:
+        train(tiny_config(data, tmp_path, **SHORT), callbacks=[SignalAtStep(4, signal.SIGHUP)])
+    assert stopped.value.exit_code == 128 + signal.SIGHUP
+    assert torch.load(next(tmp_path.rglob("last.ckpt")), weights_only=True)["global_step"] == 4
+
+
+def test_resume_refusals_for_a_broken_or_foreign_checkpoint(data, tmp_path):
+    result = train(tiny_config(data, tmp_path, **SHORT))
+    state = torch.load(result.last_checkpoint, weights_only=True)
+    state["state_dict"]["model.layers.0.weight"][0, 0] = float("nan")
+    broken = tmp_path / "broken.ckpt"
+    torch.save(state, broken)
+    with pytest.raises(UserError, match="its weights are not finite .*resume from an earlier one"):
+        train(tiny_config(data, tmp_path, resume=str(broken), **SHORT))
+    del state["run_record"]  # an older checkpoint whose weights were not this model's (its options say 128)
+    state["state_dict"] = {k: torch.zeros(64, *v.shape[1:]) if k == "model.layers.0.weight" else v
+                           for k, v in state["state_dict"].items()}
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save(state, foreign)
+    with pytest.raises(UserError, match=r"its weights do not fit this model \(model.layers.0.weight"):
+        train(tiny_config(data, tmp_path, resume=str(foreign), **SHORT))
+
+
+def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
+    from project.config.schema import RunConfig
+    from project.reliability.resume import check_same_training
+
+    check_same_training({"val_size": None}, RunConfig(val_size=5000), tmp_path)  # the recipe's own default
+    with pytest.raises(UserError, match="--val-size 4000: the checkpoint's run trained with --val-size 5000"):
+        check_same_training({"val_size": None}, RunConfig(val_size=4000), tmp_path)
+
+
+def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_path):
+    from helpers import RAW_NAMES, write_idx
+
+    data = make_tiny_mnist(tmp_path / "data")
+    labels = (data / "MNIST" / "raw" / RAW_NAMES[(False, "labels")])
+    raw = bytearray(labels.read_bytes())
+    raw[-1] = 12
+    write_idx(labels, __import__("numpy").frombuffer(bytes(raw[8:]), dtype="uint8"))
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte: label 12 is not a digit 0-9"):
+        train(tiny_config(data, tmp_path / "logs", **SHORT))
+    assert not (tmp_path / "logs").exists()
