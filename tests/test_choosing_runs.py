@@ -8,13 +8,14 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 
 import lightning as L
 import pytest
 import torch
 
-from helpers import event_accumulator, make_tiny_mnist, one_line_error, run_script, tiny_config
+from helpers import TINY, TRAIN, event_accumulator, make_tiny_mnist, one_line_error, run_script, tiny_config
 from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.reliability import runs
 from project.training.run import train
@@ -189,3 +190,27 @@ def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_pa
     with pytest.raises(UserError, match="t10k-labels-idx1-ubyte: label 12 is not a digit 0-9"):
         train(tiny_config(data, tmp_path / "logs", **SHORT))
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_checkpoint_of_lightning_1_is_refused_for_a_resume_and_taken_for_its_weights(data, tmp_path):
+    result = train(tiny_config(data, tmp_path, **SHORT))
+    state = torch.load(result.last_checkpoint, weights_only=True)
+    state["pytorch-lightning_version"] = "1.9.5"
+    older = tmp_path / "older.ckpt"
+    torch.save(state, older)
+    with pytest.raises(UserError, match="written by Lightning 1.9.5, .*start a new run from its weights with "
+                                        "--init-from"):
+        train(tiny_config(data, tmp_path, resume=str(older), **SHORT))
+    assert train(tiny_config(data, tmp_path, init_from=str(older), **SHORT)).optimizer_steps == 14
+
+
+def test_a_refusal_from_lightnings_own_checks_leaves_no_run_folder(data, tmp_path):
+    """As under a SLURM job step whose task count is not --devices: Lightning refuses when the Trainer is made,
+    after the folder was claimed; the folder goes with the refusal."""
+    env = {**os.environ, "SLURM_NTASKS": "1", "SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "train",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "1"}
+    done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path), "--devices",
+                           "2", "--accelerator", "cpu", "--run-version", "job_77", *TINY], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "mnist" / "job_77").exists()

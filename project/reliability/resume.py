@@ -64,6 +64,10 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
     checkpoint = read_checkpoint(path)
+    written_by = str(checkpoint.get("pytorch-lightning_version", "2"))
+    if not written_by.split(".")[0].isdigit() or int(written_by.split(".")[0]) < 2:
+        raise UserError(f"{path}: written by Lightning {written_by}, whose training loops kept another state; a "
+                        "resume needs a checkpoint of Lightning 2: start a new run from its weights with --init-from")
     record = checkpoint.get("run_record", {})
     # A checkpoint written before runs recorded their settings: check what its hyperparameters say of them.
     trained = record.get("config") or {key: value for key, value in checkpoint["hyper_parameters"].items()

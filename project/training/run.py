@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -151,6 +152,8 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     L.seed_everything(config.seed, workers=True, verbose=False)
     try:
         plan = plan_run(config, datamodule, test)
+        named = Path(plan.config.logdir) / plan.config.name / str(plan.config.run_version)
+        existed = plan.config.run_version is not None and named.exists()
         config = claim_run_folder(plan.config, resuming=plan.resume is not None)  # after every refusal
         folder = Path(config.logdir) / config.name / str(config.run_version)
         try:
@@ -158,7 +161,8 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
         except BaseException as err:
             if is_rank_zero(config):
                 runs.end_record(folder, err)
-                remove_if_untouched(folder, plan.resume)
+                if not existed and isinstance(err, UsageError):
+                    remove_refused(folder)
             raise
         if is_rank_zero(config):
             runs.end_record(folder, None)
@@ -235,15 +239,11 @@ def is_rank_zero(config: RunConfig) -> bool:
     return rank_zero_only.rank == 0 and not config.fast_dev_run
 
 
-def remove_if_untouched(folder: Path, resume: Resume | None) -> None:
-    """A new run refused before it trained (Lightning's own checks of the cluster, say) leaves no folder behind."""
-    if resume is not None or not folder.is_dir():
-        return
-    left = {p.name for p in folder.iterdir()}
-    if left <= {runs.RECORD, runs.LOCK}:
-        for name in left:
-            (folder / name).unlink(missing_ok=True)
-        folder.rmdir()
+def remove_refused(folder: Path) -> None:
+    """A new run that Lightning's own checks refused (the cluster, a setting checked when the fit starts) leaves no
+    folder behind: what the run made in it before the refusal goes with it; a folder with a checkpoint stays."""
+    if folder.is_dir() and not (folder / "checkpoints").exists():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_fits(model: L.LightningModule, resume: Resume) -> None:
