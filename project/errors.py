@@ -24,9 +24,11 @@ class UsageError(UserError):
 
 
 class Terminated(UserError):
-    """The run got SIGTERM (a scheduler's pre-emption, ``kill``); its state was saved first."""
+    """The run got SIGTERM (a scheduler's pre-emption, ``kill``); its state was saved first. ``prefix`` is what the
+    line starts with after the script's name: none for a stop that was asked for (SLURM's requeue)."""
 
     exit_code = 128 + 15
+    prefix = "error: "
 
 
 class NothingToDo(UserError):
@@ -72,7 +74,8 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
             traceback.print_exc()
         # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
         if not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
-            print(f"{prog}: {'error: ' if err.exit_code else ''}{err}", file=sys.stderr)
+            prefix = getattr(err, "prefix", "error: ") if err.exit_code else ""
+            print(f"{prog}: {prefix}{err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from project.config.cli import parse_plot_scalars_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
-DEFAULT_TAGS = ("train/loss", "train/acc", "val/loss", "val/acc", "lr-SGD", "perf/samples_per_s")
+DEFAULT_TAGS = ("train/loss", "train/acc", "val/loss", "val/acc", "train/lr", "train/samples_per_s")
 
 
 def main(args: argparse.Namespace) -> int:

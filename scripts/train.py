@@ -15,6 +15,11 @@ from project.errors import run_cli, say  # noqa: E402
 
 
 def main(config: RunConfig, started: float) -> int:
+    if config.print_config:
+        import yaml
+
+        say(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())
+        return 0
     from project.training.run import test_line, train
 
     printed = []  # the test metrics, as soon as they exist: nothing that fails later can lose them

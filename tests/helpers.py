@@ -22,6 +22,8 @@ RAW_NAMES = {
     (False, "images"): "t10k-images-idx3-ubyte",
     (False, "labels"): "t10k-labels-idx1-ubyte",
 }
+# What a run logs by the wall clock: in a run and its resumed twin, the same steps, other values.
+TIMED = ("train/epoch_time_s", "train/samples_per_s", "train/peak_memory_mb")
 # Small, fast settings for runs on tiny data.
 TINY = ("--batch-size", "32", "--log-every-n-steps", "2", "--val-size", "40")
 TINY_SETTINGS = {"batch_size": 32, "log_every_n_steps": 2, "val_size": 40}

@@ -33,7 +33,7 @@ def test_csv_logger_writes_the_same_metric_names(shared_tiny_mnist, tmp_path):
     run = tmp_path / "logs" / "mnist" / "version_0"
     with open(run / "metrics.csv") as stream:
         columns = set(next(csv.reader(stream)))
-    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "lr-SGD"} <= columns
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"} <= columns
     assert list(run.glob("events.out.tfevents.*"))  # both loggers share the run folder
     assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]
 

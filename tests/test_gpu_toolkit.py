@@ -117,7 +117,7 @@ def test_device_stats_and_peak_memory_are_logged(shared_tiny_mnist, tmp_path):
     events = event_accumulator(result.run_dir)
     tags = set(events.Tags()["scalars"])
     assert any("DeviceStatsMonitor" in t and "cpu_percent" in t for t in tags), tags
-    assert floor < events.Scalars("perf/peak_memory_mb")[-1].value < ceiling
+    assert floor < events.Scalars("train/peak_memory_mb")[-1].value < ceiling
 
 
 FIRST_NON_FINITE = 4  # lr 1e6 on the tiny data: the first non-finite loss (measured with the per-step check)

@@ -18,6 +18,7 @@ import torch
 
 from helpers import (
     ROOT,
+    TIMED,
     TRAIN,
     assert_same_training_state,
     event_accumulator,
@@ -35,7 +36,6 @@ FLAGS = ("--batch-size", "32", "--val-size", "40", "--eval-batch-size", "8", "--
          "--log-every-n-steps", "2", "--accelerator", "cpu", "--max-epochs", "3")
 SETTINGS = {"batch_size": 32, "val_size": 40, "eval_batch_size": 8, "checkpoint_every_n_steps": 3,
             "log_every_n_steps": 2, "accelerator": "cpu", "max_epochs": 3}
-TIMED = ("perf/",)  # wall-clock figures: the same steps, other values
 
 
 @pytest.fixture(scope="module")

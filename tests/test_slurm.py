@@ -81,7 +81,7 @@ def test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_ne
     output = (logdir.parent / f"slurm-{job}.out").read_text()
     for step in stops:
         assert 0 < step < 600
-        assert (f"train.py: error: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; job {job} "
+        assert (f"train.py: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; job {job} "
                 "requeued: it continues from last.ckpt in this folder") in output
     assert output.count(f"job {job}: start") == 3 and "Traceback" not in output
     assert [p.name for p in (logdir / "mnist").iterdir()] == [f"job_{job}"]  # one run, one folder

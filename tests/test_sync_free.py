@@ -127,9 +127,8 @@ def test_no_conversion_between_logging_steps(shared_tiny_mnist, tmp_path, counte
                          steps_per_call=steps_per_call, cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": True})
     train(config, callbacks=[counter], test=False)
     # 200 training images in batches of 32: 7 steps an epoch; the steps that end at 3, 6, 9, 12 are logged.
-    assert counter.seen, "no conversion at all: the counter is not wired in"
-    if steps_per_call == 1:  # Lightning's LR monitor sends the LR to the device at each logging step
-        assert any(where.startswith("lightning/pytorch/callbacks/lr_monitor.py") for _, where in counter.seen)
+    # The logger reads the logged values at each logging step: conversions there show the counter is wired in.
+    assert {step for step, _ in counter.seen} >= {3, 6, 9, 12}, counter.seen
     assert counter.losses == 14  # every optimizer step counted, whatever the group it ran in
     between = [(step, where) for step, where in counter.seen if step % log_every != 0]
     assert not between, between

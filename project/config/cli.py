@@ -204,6 +204,13 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def parse_runs_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("runs.py", description)
+    parser.add_argument("--logdir", default="lightning_logs")
+    parser.add_argument("--name", default=RECIPE.name)
+    return parser.parse_args()
+
+
 def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("check_gpu.py", description)
     parser.add_argument("--json", action="store_true", help="print the same facts as JSON")

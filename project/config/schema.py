@@ -135,6 +135,8 @@ class EngineSettings:
                                      saved=False, metavar="PATH")
     overwrite: bool = setting(False, flag, "let --export/--export-pt2 replace existing files", saved=False)
     debug: bool = setting(False, flag, "show tracebacks for errors", saved=False)
+    print_config: bool = setting(False, flag, "print the resolved settings as a config file would hold them, and "
+                                 "exit without training", saved=False)
     # Any other lightning.Trainer argument (--trainer.KEY VALUE), checked against its signature.
     trainer: dict[str, Any] = field(default_factory=dict, metadata={"saved": True})
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.config.schema import RunConfig
@@ -242,16 +241,16 @@ def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
     tensorboard.experiment.add_text("run/config", table, 0)
 
 
-def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], results: dict[str, float]) -> None:
-    """Fill TensorBoard's HPARAMS tab (and the other loggers) with the run's real best/test accuracy."""
+def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
+    """Fill TensorBoard's HPARAMS tab with every setting of the run and its real best and test accuracy (the
+    other loggers get the settings; the metrics are in their rows already)."""
     from lightning.pytorch.core.saving import save_hparams_to_yaml
 
     for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.log_hyperparams(hparams, results)
+        if hasattr(logger, "log_results"):
+            logger.log_results(hparams, metrics)
         else:
             logger.log_hyperparams(hparams)
-            logger.log_metrics(results, step=trainer.global_step)
         logger.save()
     # The loggers wrote hparams.yaml when the run started, before these were known.
     if trainer.loggers:

@@ -146,7 +146,7 @@ class RunInfo:
 
     folder: Path
     started: float
-    state: str  # finished, stopped, failed, running, killed (no live process, no end recorded), or unknown
+    state: str  # finished, stopped, failed, running, killed (no live process, no end recorded), or unfinished
     step: int | None  # of the newest checkpoint
     limited: tuple[str, ...]  # smoke-test limits it ran under
     test_acc: float | None
@@ -171,7 +171,7 @@ class RunInfo:
 def run_info(folder: Path) -> RunInfo:
     record = read_record(folder)
     results = _results(folder)
-    state = record.get("state", "finished" if results.get("weights") else "unknown")
+    state = record.get("state", "finished" if results.get("weights") else "unfinished")
     if state == "running" and not is_locked(folder):
         state = "killed"
     started = record.get("started") or _first_written(folder)

@@ -55,11 +55,13 @@ class StopSignals:
     def terminated(self, what: str) -> Terminated:
         """The exception that ends the run, its message saying what really happened. On SLURM, SIGUSR1
         (the time-limit warning) requeues the job, which continues the run where it stopped."""
-        if self.received == signal.SIGUSR1:
-            requeued = requeue_this_job()
-            what = what.replace(": continue with --resume last", "") + requeued if requeued else what
+        requeued = requeue_this_job() if self.received == signal.SIGUSR1 else ""
+        if requeued:
+            what = what.replace(": continue with --resume last", "") + requeued
         error = Terminated(f"stopped by {self.name()} {what}")
         error.exit_code = 128 + int(self.received or signal.SIGTERM)
+        if requeued.startswith("; job ") and requeued.endswith("in this folder"):
+            error.prefix = ""  # the requeue SLURM was asked for: no error
         return error
 
     def check(self, what: str) -> None:

@@ -40,18 +40,19 @@ def confusion_image(matrix: torch.Tensor, title: str) -> torch.Tensor:
 
     counts = matrix.detach().cpu().long()
     classes = counts.shape[0]
-    font = _font()
+    font = _font(15)
     share = counts.float() / counts.sum(dim=1, keepdim=True).clamp(min=1)
     diagonal = torch.eye(classes, dtype=torch.bool)
     errors = share.masked_fill(diagonal, 0)
     errors = errors / errors.max().clamp(min=1e-9)
     widest = max(font.getbbox(str(int(counts.max())))[2], font.getbbox(str(classes - 1))[2])
-    cell = max(22, widest + 8)
-    left, top = 20 + widest + 6, 34 + 14
+    line = font.getbbox("Ag")[3]
+    cell = max(2 * line, widest + 12)
+    left, top = line + widest + 14, 3 * line + 16
     image = Image.new("RGB", (left + classes * cell + 6, top + classes * cell + 6), "white")
     draw = ImageDraw.Draw(image)
     draw.text((left, 2), title, fill="black", font=font)
-    draw.text((left + classes * cell / 2, 18), "predicted", fill="black", font=font, anchor="mt")
+    draw.text((left + classes * cell / 2, line + 6), "predicted", fill="black", font=font, anchor="mt")
     draw.text((2, top + classes * cell / 2), "true", fill="black", font=font, anchor="lm")
     for index in range(classes):
         draw.text((left + index * cell + cell / 2, top - 2), str(index), fill="black", font=font, anchor="mb")

@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import (
     Callback,
     DeviceStatsMonitor,
     EarlyStopping,
-    LearningRateMonitor,
     ModelCheckpoint,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -123,6 +122,24 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
             self.save()
 
     @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        # Lightning adds the epoch to every logged row: a curve that says nothing a step axis does not.
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+
+    @rank_zero_only
+    def log_results(self, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
+        """The HPARAMS tab: every setting of the run beside the metric tags it already logged (``val/acc_best``,
+        ``test/acc``), read from their curves; nothing logged twice, no extra points at step 0."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        plain = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+                 for key, value in hparams.items()}
+        writer = self.experiment._get_file_writer()
+        for summary in hparams_summary(plain, dict.fromkeys(metrics, 0.0)):
+            writer.add_summary(summary)
+        self.experiment.flush()
+
+    @rank_zero_only
     def close(self) -> None:
         if self._experiment is not None:
             self._experiment.close()
@@ -175,8 +192,6 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
         ]
     if config.early_stopping is not None:
         callbacks.append(EarlyStopping(monitor="val/acc", mode="max", patience=config.early_stopping))
-    if not steps_per_epoch:
-        callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks += [EpochStats(), TensorBoardFigures()]
     if config.device_stats:
         callbacks.append(DeviceStatsMonitor(cpu_stats=True))

@@ -29,7 +29,8 @@ class RunsFirst(Callback):
 
 
 class EpochStats(Callback):
-    """Logs ``perf/epoch_time_s``, ``perf/samples_per_s`` and ``perf/peak_memory_mb`` per epoch.
+    """Logs ``train/epoch_time_s``, ``train/samples_per_s`` and ``train/peak_memory_mb`` per epoch (under
+    ``train/``, beside the curves they explain).
 
     The time covers the training batches only: validation, which Lightning runs before
     ``on_train_epoch_end``, is left out so that samples/s measures training. On a GPU it is
@@ -85,9 +86,9 @@ class EpochStats(Callback):
         self._start = None
         self.epoch_times.append(elapsed)
         self.last = {
-            "perf/epoch_time_s": elapsed,
-            "perf/samples_per_s": self._samples * trainer.world_size / elapsed,
-            "perf/peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+            "train/epoch_time_s": elapsed,
+            "train/samples_per_s": self._samples * trainer.world_size / elapsed,
+            "train/peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
         }
 
 

@@ -173,6 +173,7 @@ class ClassifierModule(L.LightningModule):
         # self.log costs more than a small model's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/loss", loss.detach())  # not prog_bar: see LoggedLossBar
+            self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # the LR this step takes
         return loss
 
     def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: RunningAccuracy) -> torch.Tensor:

@@ -115,7 +115,7 @@ class RunResult:
                 f"weights          {self.weights}  ({self.weights_kind})",
                 f"config           {self.config_file}  (--config reproduces this run)",
                 f"results          {self.run_dir / 'results.json'}",
-                f"TensorBoard      tensorboard --logdir {self.run_dir}",
+                f"TensorBoard      tensorboard --logdir {self.run_dir.parent}  (this run: {self.run_dir.name})",
             ]
         return "\n".join(lines)
 
@@ -356,12 +356,10 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
     if config.export_pt2:
         network, result.program_input = model.portable_network()
         result.program = save_program(network, trainer.datamodule.input_shape, config.export_pt2)
-    hparams = {**model.hparams, "batch_size": config.batch_size, "global_batch": result.global_batch,
-               "max_epochs": config.max_epochs, "precision": config.precision, "seed": config.seed,
-               "loader": config.loader, "world_size": result.world_size}
-    test_acc = result.test_metrics.get("test/acc")
-    log_hparams_with_results(trainer, hparams, {"hp/val_acc_best": result.best_val,
-                                                **({"hp/test_acc": test_acc} if test_acc is not None else {})})
+    settings = {key: value for key, value in config.to_mapping().items() if key != "trainer"}
+    trainer_args = {f"trainer.{key}": value for key, value in config.trainer.items()}
+    hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}
+    log_hparams_with_results(trainer, hparams, ("val/acc_best", *(("test/acc",) if result.test_metrics else ())))
     write_results(result.run_dir / "results.json", result.record())
 
 

@@ -165,7 +165,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
         losses, lr = _eager_steps(module, group, batch_size, batch_loss, optimizer, scheduler)
     if trainer.global_step % trainer.log_every_n_steps == 0:
         module.log("train/loss", losses[-1])  # not prog_bar: see LoggedLossBar
-        module.log(f"lr-{type(optimizer.optimizer).__name__}", lr)
+        module.log("train/lr", lr)
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
     trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
     return losses

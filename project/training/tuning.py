@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -51,16 +54,35 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
     from lightning.pytorch.tuner import Tuner
 
     tuner = Tuner(trainer)
-    if config.find_batch_size:
-        find_batch_size(tuner, model, datamodule)
-    if config.find_lr:
-        find_lr(tuner, model, datamodule, trainer)
-    elif config.scale_lr:
+    with bars_only_on_a_terminal(trainer):
+        if config.find_batch_size:
+            find_batch_size(tuner, model, datamodule)
+        if config.find_lr:
+            find_lr(tuner, model, datamodule, trainer)
+    if not config.find_lr and config.scale_lr:
         batch = global_batch(trainer, datamodule.batch_size)
         model.hparams.lr = config.lr * batch / BASE_BATCH
         rank_zero_info(f"--scale-lr: lr {config.lr:g} x {batch}/{BASE_BATCH} = {model.hparams.lr:g}")
     return config.replace(batch_size=datamodule.batch_size, lr=model.hparams.lr, scale_lr=False, find_lr=False,
                           find_batch_size=False)
+
+
+@contextmanager
+def bars_only_on_a_terminal(trainer: L.Trainer) -> Iterator[None]:
+    """The LR finder draws its own tqdm bar, whatever the Trainer's: in a log (not a terminal) that is one line of
+    carriage returns many kilobytes long. tqdm reads ``TQDM_DISABLE`` for every bar it makes."""
+    if trainer.progress_bar_callback is not None:
+        yield
+        return
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
 
 
 def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
