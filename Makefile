@@ -2,28 +2,46 @@
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -c constraints.txt
 ARGS ?=
 
-.PHONY: train test lint benchmark clean
+.PHONY: train test test-fast lint benchmark mutation-check figures clean
 
-$(VENV)/.installed: pyproject.toml
+# What training needs; the test tools come with `make test`.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -U pip
-	$(PY) -m pip install -e ".[dev]"
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e ".[dev]"
 	touch $@
 
 train: $(VENV)/.installed
 	$(PY) scripts/train.py $(ARGS)
 
 # Two workers: most of the suite's time is subprocesses importing torch, which overlap well.
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
 
-lint: $(VENV)/.installed
+# The in-process checks and one real run of each script: under 2 minutes on 2 cores.
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(ARGS)
+
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 
 benchmark: $(VENV)/.installed
 	$(PY) scripts/benchmark.py $(ARGS)
+
+# Each known bug made in a copy of the template, and the tests that must catch it run there.
+mutation-check: $(VENV)/.installed-dev
+	$(PY) scripts/mutation_check.py $(ARGS)
+
+# The default run's output and the CPU benchmark tables, as docs/figures.md quotes them.
+figures: $(VENV)/.installed
+	bash scripts/figures.sh
 
 clean:
 	rm -rf $(VENV) benchmark-results

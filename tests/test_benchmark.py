@@ -16,7 +16,7 @@ def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
                       "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "benchmark.json").read_text())
-    assert [r["key"] for r in result["rows"]] == ["article", "hand", "bare", "template-k1", "template-auto",
+    assert [r["key"] for r in result["rows"]] == ["hand", "article", "bare", "template-k1", "template-auto",
                                                   "template-torchvision"]
     assert all(r["epoch_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in result["rows"])
     assert result["steps_per_epoch"] == 4 and all(r["step_us"] == pytest.approx(r["epoch_s"] / 4 * 1e6)

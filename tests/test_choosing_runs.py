@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -214,3 +215,23 @@ def test_a_refusal_from_lightnings_own_checks_leaves_no_run_folder(data, tmp_pat
                           text=True, env=env, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "mnist" / "job_77").exists()
+
+
+def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
+    finished = train(tiny_config(data, tmp_path, **SHORT))
+    with pytest.raises(Terminated):
+        train(tiny_config(data, tmp_path, run_version="job_12", **SHORT), callbacks=[SignalAtStep(9)])
+    smoke = train(tiny_config(data, tmp_path, **SHORT, trainer={"limit_train_batches": 2,
+                                                                 "enable_progress_bar": False}))
+    done = run_script("runs.py", "--logdir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["run", "state", "test/acc", "best", "checkpoint", "started"]
+    assert [row.split()[0] for row in rows] == [str(smoke.run_dir), str(tmp_path / "mnist" / "job_12"),
+                                                str(finished.run_dir)]
+    assert "finished (smoke: --trainer.limit_train_batches)" in rows[0]
+    assert "stopped at step 9" in rows[1] and rows[1].split()[5] == "-"  # no test/acc: it never tested
+    assert rows[2].split()[1:3] == ["finished", f"{finished.test_metrics['test/acc']:.4f}"]
+    assert Path(finished.best_checkpoint).name in rows[2]
+    # The newest run that is not a smoke test is what the scripts take by default.
+    assert runs.checkpoint_of("last", tmp_path, "mnist", "--resume")[1].folder.name == "job_12"

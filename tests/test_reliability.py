@@ -292,12 +292,14 @@ def test_a_second_ctrl_c_stops_at_once():
             "os.kill(os.getpid(), signal.SIGINT)\n"
             "time.sleep(30)\n"
             "print('still running')\n")
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 130, done.stderr
-    assert done.stdout.splitlines() == ["noted Ctrl-C"]
-    assert done.stderr.strip() == "interrupted again: stopping now"
-    assert time.monotonic() - started < 25  # not after the 30 s sleep
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT)
+    assert child.stdout.readline() == "noted Ctrl-C\n"  # the first one only noted; the second is sent right after
+    second = time.monotonic()
+    assert child.wait(timeout=60) == 130
+    # Timed from the second Ctrl-C, not from the start: importing under a loaded machine says nothing of the bound.
+    assert time.monotonic() - second < 10  # not after the 30 s sleep
+    assert child.stdout.read() == "" and child.stderr.read().strip() == "interrupted again: stopping now"
 
 
 class SavesAndValidations(L.Callback):

@@ -24,10 +24,10 @@ from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
 from project.training.console import quiet_known_warnings
 
-ROWS = {
-    "article": "article loop (per-sample DataLoader, its plain SGD)",
+ROWS = {  # the references first: every row's ratios are known when it is printed
     "hand": "hand-written tensor loop",
     "hand-graphs": "hand-written loop, CUDA graphs",
+    "article": "article loop (per-sample DataLoader, its plain SGD)",
     "bare": "bare Lightning (no callbacks, logger or bar)",
     "template-k1": "template, steps per call 1",
     "template-auto": "template, steps per call auto",

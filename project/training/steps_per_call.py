@@ -27,9 +27,10 @@ from project.training.device_step import advance_schedule
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
-# scripts/benchmark.py, per step, on the 2-core CPU (1.1 ms at batch 64, 1.2 ms at 256); auto
-# chooses K so that it is at most ~5 % of K steps' math.
+# scripts/benchmark.py, per step, on the 2-core CPU (0.6-1.1 ms at batch 64 and 256); auto
+# chooses K so that it is at most ~2.5 % of K steps' math.
 LIGHTNING_STEP_OVERHEAD_S = 1e-3
+OVERHEAD_SHARE = 0.025
 CAPTURED_STEP = "auto: from the captured step's time"  # the reason until the capture has timed it
 # Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
 WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
@@ -214,10 +215,10 @@ def count_optimizer_steps(trainer: L.Trainer, steps: int) -> None:
 
 
 def steps_for(step_seconds: float, log_every: int | None = None) -> int:
-    """K that makes Lightning's per-step cost at most ~5 % of K steps' math; with ``log_every``, the divisor of
+    """K that makes Lightning's per-step cost at most ~2.5 % of K steps' math; with ``log_every``, the divisor of
     the logging interval nearest to it: groups end at every logging step anyway, and a K that divides the
     interval adds no other group ends between them."""
-    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (0.05 * step_seconds))))
+    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (OVERHEAD_SHARE * step_seconds))))
     if not log_every or k == 1:
         return k
     divisors = [d for d in range(1, min(log_every, AUTO_MAX) + 1) if log_every % d == 0]

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The figures docs/figures.md quotes, measured again on this machine with the pinned versions (constraints.txt):
+# the default run's output, and the benchmark at batch 64 and 256. Needs MNIST (DATA_DIR or data/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+{
+    echo "# Figures"
+    echo
+    echo "Measured by \`make figures\` ($(date -u +%F), $(nproc) CPU cores, $("$PY" -c 'import platform, torch, lightning; print(f"Python {platform.python_version()}, torch {torch.__version__}, Lightning {lightning.__version__}")'))."
+    echo
+    echo "## The default run: \`scripts/train.py\`"
+    echo
+    echo '```'
+    "$PY" scripts/train.py --logdir "$WORK/runs" 2>/dev/null | sed "s|$WORK/runs|lightning_logs|g"
+    echo '```'
+    for batch in 64 256; do
+        echo
+        echo "## The benchmark at batch $batch: \`scripts/benchmark.py --batch-size $batch\`"
+        echo
+        "$PY" scripts/benchmark.py --batch-size "$batch" --out "$WORK/bench-$batch" 2>/dev/null
+    done
+} > docs/figures.md
+echo "wrote docs/figures.md"
