@@ -9,6 +9,5 @@ EVAL_BATCH_SIZE = 1000  # evaluation holds no gradients: big batches, few steps
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "onecycle", "cosine")
-LOADERS = ("memory", "torchvision")
 SWEEP_SAMPLERS = ("tpe", "random", "grid")
 SWEEP_STORAGE = "sweeps.journal"  # a journal file: safe for many processes on one machine

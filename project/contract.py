@@ -1,19 +1,27 @@
 """The contract between the engine and a recipe: all the engine knows of the model and the data.
 
-A recipe is ``project/recipe/``: a plain ``nn.Module``, a ``LightningModule`` that subclasses
-``project.training.classifier.ClassifierModule`` and a ``LightningDataModule`` that subclasses
-``project.training.tensor_data.TensorDataModule``. Its ``__init__.py`` names them in one
-``Recipe``, which the engine reads from ``project.recipe.RECIPE`` and nowhere else. The classes
-are named as ``"package.module:Class"`` strings, so that reading the recipe (for ``--help``)
-imports no torch. This module imports nothing heavy either.
+A recipe is a package, ``project/recipe/`` unless ``PROJECT_RECIPE`` names another
+(``PROJECT_RECIPE=tests.second_recipe``): a plain ``nn.Module``, a ``LightningModule`` that
+subclasses ``project.training.classifier.ClassifierModule`` and a ``LightningDataModule`` that
+subclasses ``project.training.tensor_data.TensorDataModule``. Its ``__init__.py`` names them in
+one ``Recipe``, with the engine settings it trains best with, and may hold ``configs/*.yaml``
+(presets: ``--config NAME``) and ``sweep.yaml`` (its search space). The classes are named as
+``".module:Class"`` strings (relative to the recipe's package), so that reading the recipe (for
+``--help``) imports no torch. This module imports nothing heavy either.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+RECIPE_VARIABLE = "PROJECT_RECIPE"
+DEFAULT_RECIPE = "project.recipe"
 
 
 @dataclass(frozen=True)
@@ -36,31 +44,68 @@ class Recipe:
     """What the engine needs from a recipe, in one place (the role torchtitan's ``TrainSpec`` plays)."""
 
     name: str  # the default experiment name: runs go to LOGDIR/NAME/version_N
-    module: str  # "package.module:Class" of its ClassifierModule subclass
-    datamodule: str  # "package.module:Class" of its TensorDataModule subclass
+    module: str  # ".module:Class" of its ClassifierModule subclass (or "package.module:Class")
+    datamodule: str  # ".module:Class" of its TensorDataModule subclass
     description: str  # train.py's --help headline
     data_help: str  # what --data-dir must hold
     options: Mapping[str, Option] = field(default_factory=dict)
+    # Engine settings this recipe trains best with (batch_size, max_epochs, optimizer, lr, scheduler, ...):
+    # they replace the engine's defaults in --help, config.yaml and every run.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    # ".module:function" that writes a small learnable dataset, laid out as the datamodule reads it, into a
+    # folder: ``function(folder: Path, train: int, test: int, seed: int) -> None``. The conformance tests
+    # (tests/test_recipe_conformance.py) train on it.
+    example_data: str | None = None
+    package: str = DEFAULT_RECIPE  # set by recipe(): the package the names above are relative to
 
     def module_class(self) -> Any:
-        return load_class(self.module)
+        return load_class(self.module, self.package)
 
     def datamodule_class(self) -> Any:
-        return load_class(self.datamodule)
+        return load_class(self.datamodule, self.package)
+
+    def write_example_data(self, folder: Path, train: int = 320, test: int = 80, seed: int = 0) -> Path:
+        """The recipe's example dataset in ``folder`` (for tests and first tries without the real data)."""
+        if self.example_data is None:
+            raise ValueError(f"recipe {self.name!r} names no example_data")
+        load_class(self.example_data, self.package)(folder, train, test, seed)
+        return folder
+
+    @property
+    def folder(self) -> Path:
+        """Where the recipe's package lives: its presets (configs/) and sweep space (sweep.yaml) are there."""
+        return Path(importlib.import_module(self.package).__file__).parent
+
+    def presets(self) -> dict[str, Path]:
+        """``--config NAME`` files: the recipe's ``configs/NAME.yaml``."""
+        return {p.stem: p for p in sorted((self.folder / "configs").glob("*.yaml"))}
 
     def options_of(self, values: Any) -> dict[str, Any]:
         """The recipe's options as keyword arguments for its module, read from a ``RunConfig``."""
         return {name: getattr(values, name) for name in self.options}
 
 
-def load_class(spec: str) -> Any:
-    """``"package.module:Class"`` -> the class."""
+def load_class(spec: str, package: str = DEFAULT_RECIPE) -> Any:
+    """``".module:Class"`` (relative to ``package``) or ``"package.module:Class"`` -> the class."""
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module, package if module.startswith(".") else None), name)
+
+
+def recipe_package() -> str:
+    """The recipe's package: ``$PROJECT_RECIPE``, else ``project.recipe``."""
+    return os.environ.get(RECIPE_VARIABLE) or DEFAULT_RECIPE
 
 
 def recipe() -> Recipe:
-    """The recipe the engine trains: ``project.recipe.RECIPE``."""
-    from project.recipe import RECIPE
-
-    return RECIPE
+    """The recipe the engine trains (``RECIPE`` of the recipe's package), or exit with one line saying why not:
+    this runs while a script reads its command line, before any error handling is in place."""
+    package = recipe_package()
+    try:
+        found = getattr(importlib.import_module(package), "RECIPE", None)
+    except ModuleNotFoundError as err:
+        if err.name and package.startswith(err.name):
+            raise SystemExit(f"error: {RECIPE_VARIABLE}={package}: no such package") from None
+        raise
+    if not isinstance(found, Recipe):
+        raise SystemExit(f"error: {RECIPE_VARIABLE}={package}: the package has no RECIPE = Recipe(...)")
+    return dataclasses.replace(found, package=package)

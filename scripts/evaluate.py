@@ -18,8 +18,7 @@ def main(args: argparse.Namespace) -> int:
     from project.results import evaluation
 
     classifier = evaluation.load_classifier(args.ckpt, args.weights, args.logdir, args.name)
-    print(f"evaluate.py: using {classifier.source}" + (f", {classifier.chosen}" if classifier.chosen else ""),
-          file=sys.stderr)
+    print(f"evaluate.py: using {classifier.describe()}", file=sys.stderr)
     results = evaluation.evaluate_test_set(classifier, args.data_dir)
     print(json.dumps(results, indent=2) if args.json else evaluation.render(results))
     if args.plot:

@@ -23,8 +23,7 @@ def main(args: argparse.Namespace) -> int:
     from project.results.prediction import classify_files, render_row
 
     classifier = load_classifier(args.ckpt, args.weights, args.logdir, args.name)
-    print(f"predict.py: using {classifier.source}" + (f", {classifier.chosen}" if classifier.chosen else ""),
-          file=sys.stderr)
+    print(f"predict.py: using {classifier.describe()}", file=sys.stderr)
     results, failures = [], 0
     for path, outcome in classify_files(classifier, args.inputs, args.topk):
         if isinstance(outcome, str):

@@ -1,9 +1,17 @@
-"""Fixtures: tiny MNIST files, the real data when present, runs trained once and shared, real services."""
+"""Fixtures: the tests' recipe and its tiny data, runs trained once and shared, real services.
+
+The engine's tests train ``tests/tiny_recipe``, never ``project/recipe/``: a user who swaps the
+recipe keeps them green. Set before anything imports the engine, and inherited by every script
+the tests start. The installed recipe's own tests are in ``project/recipe/tests/``; the recipe
+conformance tests (``test_recipe_conformance.py``) run on whatever recipe is installed.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+
+os.environ["PROJECT_RECIPE"] = "tests.tiny_recipe"
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +19,9 @@ import pytest
 
 from helpers import (
     CHECKPOINTED,
-    RAW_NAMES,
     TWO_RANKS,
     make_bars,
-    make_tiny_mnist,
+    make_tiny_data,
     newest_last_checkpoint,
     run_in,
     run_script,
@@ -48,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
     session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
-        for fixture in ("default_run", "trained", "slurm", "uninterrupted_ddp", "storage", "second_recipe"):
+        for fixture in ("trained", "slurm", "uninterrupted_ddp", "storage", "second_recipe"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(SHARES_A_WORKER_WITH.get(fixture, fixture)))
                 break
@@ -56,22 +63,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def tiny_mnist(tmp_path: Path) -> Path:
-    return make_tiny_mnist(tmp_path / "data")
+def tiny_data(tmp_path: Path) -> Path:
+    return make_tiny_data(tmp_path / "data")
 
 
 @pytest.fixture(scope="session")
-def shared_tiny_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny MNIST that tests only read (never damage)."""
-    return make_tiny_mnist(tmp_path_factory.mktemp("shared") / "data")
-
-
-@pytest.fixture(scope="session")
-def real_data_dir() -> Path:
-    data_dir = os.environ.get("DATA_DIR")
-    if not data_dir or not all((Path(data_dir) / "MNIST" / "raw" / n).is_file() for n in RAW_NAMES.values()):
-        pytest.skip("real MNIST not available (set DATA_DIR to a folder holding MNIST/raw/)")
-    return Path(data_dir).resolve()
+def shared_tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny data that tests only read (never damage)."""
+    return make_tiny_data(tmp_path_factory.mktemp("shared") / "data")
 
 
 @pytest.fixture(scope="session")
@@ -89,24 +88,15 @@ def slurm() -> Iterator[Slurm]:
 
 
 @pytest.fixture(scope="session")
-def trained(shared_tiny_mnist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def trained(shared_tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One ``train.py`` process on tiny data (2 epochs, with a portable export), shared by the tests that read runs."""
     root = tmp_path_factory.mktemp("trained")
-    done = tiny_run(shared_tiny_mnist, root / "logs", *SHORT, "--export-pt2", str(root / "model.pt2"))
+    done = tiny_run(shared_tiny_data, root / "logs", *SHORT, "--export-pt2", str(root / "model.pt2"))
     assert done.returncode == 0, done.stdout + done.stderr
-    run = root / "logs" / "mnist" / "version_0"
-    return {"data": shared_tiny_mnist, "logs": root / "logs", "run": run, "output": done.stdout,
+    run = root / "logs" / "tiny" / "version_0"
+    return {"data": shared_tiny_data, "logs": root / "logs", "run": run, "output": done.stdout,
             "stderr": done.stderr, "results": json.loads((run / "results.json").read_text()),
             "pt2": root / "model.pt2"}
-
-
-@pytest.fixture(scope="session")
-def default_run(real_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The default recipe, exactly as ``python scripts/train.py`` runs it, on real MNIST."""
-    logdir = tmp_path_factory.mktemp("default") / "logs"
-    done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(logdir), timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return {"logs": logdir, "output": done.stdout, "stderr": done.stderr}
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +104,7 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One 2-rank run, never interrupted: what every interrupted DDP run must end equal to, and what the DDP
     output tests read. 83 test images, so the ranks' test shards differ in size."""
     root = tmp_path_factory.mktemp("ddp")
-    data = make_tiny_mnist(root / "data", n_train=680, n_test=83, wrong_labels=0.1)  # metrics below 1: they can tell
+    data = make_tiny_data(root / "data", n_train=680, n_test=83, wrong_labels=0.1)  # metrics below 1: they can tell
     done = run_script("train.py", "--data-dir", str(data), "--logdir", str(root / "logs"), *CHECKPOINTED, *TWO_RANKS,
                       timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -123,7 +113,7 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 # The second recipe's runs: 320 training images of 3 x 12 x 16 in batches of 32 are 10 steps per epoch.
-BARS = ("--batch-size", "32", "--max-epochs", "4", "--lr", "0.05", "--log-every-n-steps", "2",
+BARS = ("--batch-size", "32", "--max-epochs", "4", "--log-every-n-steps", "2",
         "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
 
 

@@ -1,27 +1,17 @@
-"""Helpers shared by the tests: tiny MNIST files in real IDX format, script runs, summary parsing."""
+"""Helpers shared by the tests: the tests' recipe's tiny data, script runs, summary parsing."""
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import socket
-import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "scripts" / "train.py")
-RAW_NAMES = {
-    (True, "images"): "train-images-idx3-ubyte",
-    (True, "labels"): "train-labels-idx1-ubyte",
-    (False, "images"): "t10k-images-idx3-ubyte",
-    (False, "labels"): "t10k-labels-idx1-ubyte",
-}
 # What a run logs by the wall clock: in a run and its resumed twin, the same steps, other values.
 TIMED = ("train/epoch_time_s", "train/samples_per_s", "train/peak_memory_mb")
 # Small, fast settings for runs on tiny data.
@@ -33,56 +23,19 @@ CHECKPOINTED = (*TINY, "--checkpoint-every-n-steps", "3", "--accelerator", "cpu"
 TWO_RANKS = ("--devices", "2", "--max-epochs", "4")
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write ``uint8`` data in the IDX format MNIST uses (magic 0x0803 images, 0x0801 labels)."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.tobytes())
+def make_tiny_data(root: Path, n_train: int = 240, n_test: int = 80, seed: int = 0,
+                   wrong_labels: float = 0.0) -> Path:
+    """The tests' recipe's data (``tests/tiny_recipe``): class k lights up a band of rows, plus noise."""
+    from tests.tiny_recipe.data import write_tiny
 
-
-def make_tiny_mnist(root: Path, n_train: int = 240, n_test: int = 80, seed: int = 0,
-                    wrong_labels: float = 0.0) -> Path:
-    """Learnable fake digits: class k lights up a band of rows, plus noise. ``wrong_labels``: the share of
-    labels drawn at random instead, so that no model gets every image right and the metrics can tell runs
-    apart."""
-    rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for train, n in ((True, n_train), (False, n_test)):
-        labels = rng.integers(0, 10, size=n).astype(np.uint8)
-        images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
-        for i, k in enumerate(labels):
-            images[i, 2 + 2 * k : 4 + 2 * k, 4:24] = 255
-        wrong = rng.random(n) < wrong_labels
-        labels[wrong] = rng.integers(0, 10, size=int(wrong.sum())).astype(np.uint8)
-        write_idx(raw / RAW_NAMES[(train, "images")], images)
-        write_idx(raw / RAW_NAMES[(train, "labels")], labels)
-    return root
+    return write_tiny(root, n_train, n_test, seed, wrong_labels)
 
 
 def make_bars(root: Path, n_train: int = 400, n_test: int = 100, seed: int = 0) -> Path:
-    """The second recipe's data (``tests/second_recipe``): a bar of random colour on noise, 3 x 12 x 16;
-    its class is where the bar is (top, bottom, left, right), except for 8 % of labels, drawn at random (so
-    that even a good model makes mistakes to show). Saved as tensors, not IDX files."""
-    import torch
+    """The second recipe's data (``tests/second_recipe``), as that recipe writes its example."""
+    from tests.second_recipe.data import write_bars
 
-    generator = torch.Generator().manual_seed(seed)
-    folder = root / "bars"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, n in (("train.pt", n_train), ("test.pt", n_test)):
-        labels = torch.randint(0, 4, (n,), generator=generator)
-        images = torch.randint(0, 150, (n, 3, 12, 16), generator=generator, dtype=torch.uint8)
-        colours = torch.randint(90, 256, (n, 3), generator=generator, dtype=torch.uint8)
-        shifts = torch.randint(0, 2, (n,), generator=generator)
-        for i, (k, shift) in enumerate(zip(labels.tolist(), shifts.tolist(), strict=True)):
-            bar = images[i, :, 1 + shift: 3 + shift, 2:14] if k == 0 else \
-                images[i, :, 8 + shift: 10 + shift, 2:14] if k == 1 else \
-                images[i, :, 1:11, 2 + shift: 4 + shift] if k == 2 else images[i, :, 1:11, 11 + shift: 13 + shift]
-            bar[:] = colours[i].view(3, 1, 1)
-        noisy = torch.rand(n, generator=generator) < 0.08
-        labels[noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=generator)
-        torch.save((images, labels), folder / name)
-    return root
+    return write_bars(root, n_train, n_test, seed)
 
 
 def swapped_template(dest: Path, recipe: Path = ROOT / "tests" / "second_recipe") -> Path:
@@ -109,9 +62,11 @@ def run_script(script: str, *args: str, timeout: float = 300, env: dict | None =
 
 def run_in(template: Path, script: str, *args: str, timeout: float = 300,
            env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder."""
+    """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder, on the
+    recipe installed there."""
     return subprocess.run([sys.executable, str(template / "scripts" / script), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=template)
+                          text=True, timeout=timeout, env={**os.environ, "PROJECT_RECIPE": "project.recipe",
+                                                           **(env or {})}, cwd=template)
 
 
 def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -162,44 +117,7 @@ def one_line_error(stderr: str, prog: str = "train.py", after: tuple[str, ...] =
     return lines[-1]
 
 
-def write_transformed_digits(data_dir: Path, out: Path, count: int = 200, seed: int = 0) -> dict[str, int]:
-    """Real MNIST test digits as a user's scans would look: PNG/JPEG, grayscale/RGB/RGBA, either
-    polarity, other sizes, padded and off-centre. Returns file name -> true label."""
-    from PIL import Image
-    from torchvision import datasets
-
-    rng = random.Random(seed)
-    test = datasets.MNIST(data_dir, train=False)
-    out.mkdir(parents=True, exist_ok=True)
-    labels = {}
-    for index in range(count):
-        digit = Image.fromarray(test.data[index].numpy(), mode="L")
-        dark_on_light = rng.random() < 0.5
-        if dark_on_light:
-            digit = Image.eval(digit, lambda v: 255 - v)
-        side = rng.randint(40, 160)
-        digit = digit.resize((side, side), Image.Resampling.BICUBIC)
-        canvas_w, canvas_h = side + rng.randint(0, 120), side + rng.randint(0, 120)
-        canvas = Image.new("L", (canvas_w, canvas_h), 255 if dark_on_light else 0)
-        canvas.paste(digit, (rng.randint(0, canvas_w - side), rng.randint(0, canvas_h - side)))
-        kind = rng.choice(["png-gray", "png-rgb", "png-rgba", "jpeg"])
-        name = f"digit{index:03d}"
-        if kind == "png-gray":
-            canvas.save(out / f"{name}.png")
-        elif kind == "png-rgb":
-            canvas.convert("RGB").save(out / f"{name}.png")
-        elif kind == "png-rgba":
-            rgba = canvas.convert("RGBA")
-            ink = canvas if not dark_on_light else Image.eval(canvas, lambda v: 255 - v)
-            rgba.putalpha(ink)  # paper transparent, strokes opaque
-            rgba.save(out / f"{name}.png")
-        else:
-            canvas.convert("RGB").save(out / f"{name}.jpg", quality=90)
-        labels[next(out.glob(f"{name}.*")).name] = int(test.targets[index])
-    return labels
-
-
-def newest_last_checkpoint(logdir: Path, name: str = "mnist") -> dict:
+def newest_last_checkpoint(logdir: Path, name: str = "tiny") -> dict:
     """The ``last.ckpt`` of the newest ``version_N`` run under ``logdir/name``."""
     import torch
 

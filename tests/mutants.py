@@ -39,8 +39,9 @@ MUTANTS = (
            "if self._agreed(trainer):",
            ("tests/test_restarts.py::test_a_stop_at_an_epochs_last_step_waits_for_its_validation",)),
     Mutant("evaluate-without-log-softmax", "evaluate and predict give a logits recipe's loss and probabilities",
-           "project/results/evaluation.py", "return torch.log_softmax(self.network(inputs).float(), dim=1)",
-           "return self.network(inputs).float()",
+           "project/results/evaluation.py",
+           "return torch.log_softmax(self.network(inputs.to(dtype)).float(), dim=1)",
+           "return self.network(inputs.to(dtype)).float()",
            ("tests/test_second_recipe.py::test_evaluate_and_the_exports_agree_with_training",
             "tests/test_second_recipe.py::test_predict_reads_image_files_the_recipes_way")),
     Mutant("non-finite-flag-never-read", "divergence stops at the first non-finite loss, named by its step",
@@ -113,13 +114,28 @@ MUTANTS = (
            "project/training/samplers.py", "return iter(range(self.rank, self.total_size, self.num_replicas))",
            "return iter(range(0, self.total_size, self.num_replicas))",
            ("tests/test_ddp.py::test_eval_shards_cover_the_split_once",)),
+    Mutant("resume-before-the-epoch-is-set", "a run that reads files with workers resumes to the same weights",
+           "project/training/samplers.py", "    return resume_at[0], resume_at\n",
+           "    return epoch, resume_at if epoch == resume_at[0] else None\n",
+           ("tests/test_disk_recipe.py::test_kill_9_and_resume_end_bitwise_equal_with_workers_and_random_flips",)),
+    Mutant("image-polarity-ignored", "predict reads dark-on-light images as the light-on-dark ones it trained on",
+           "project/results/image_files.py", "        if dark_background is not None and bool(",
+           "        if False and bool(",
+           ("tests/test_second_recipe.py::test_predict_reads_image_files_the_recipes_way",)),
+    Mutant("recipe-defaults-ignored", "a recipe's defaults are its runs' defaults",
+           "project/config/schema.py", "for name, value in RECIPE.defaults.items()),",
+           "for name, value in {}.items()),",
+           ("tests/test_config.py::test_the_recipes_defaults_replace_the_engines",)),
+    Mutant("lr-finder-reads-the-debiased-start", "--find-lr picks an LR the run trains with",
+           "project/training/tuning.py", "SKIP_FIRST = 25", "SKIP_FIRST = 0",
+           ("tests/test_gpu_toolkit.py::test_the_lr_finder_picks_a_share_of_where_the_loss_turns_up",)),
 )
 
 
 def copy_template(destination: Path) -> Path:
     """The template's code and tests, without caches, where a mutant can be applied."""
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("project", "scripts", "tests", "configs"):
+    for folder in ("project", "scripts", "tests"):
         shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", destination / "pyproject.toml")
     return destination

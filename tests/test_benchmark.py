@@ -5,19 +5,19 @@ import json
 import pytest
 import torch
 
-from helpers import make_tiny_mnist, one_line_error, run_script
+from helpers import make_tiny_data, one_line_error, run_script
 
 
 @pytest.mark.slow
 def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data", n_train=5300, n_test=40)  # 300 left after the 5,000 for validation
+    data = make_tiny_data(tmp_path / "data", n_train=5300, n_test=40)  # 300 left after the 5,000 for validation
     out = tmp_path / "bench"
     done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--batch-size", "64", "--time-to-accuracy",
                       "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "benchmark.json").read_text())
     assert [r["key"] for r in result["rows"]] == ["hand", "article", "bare", "template-k1", "template-auto",
-                                                  "template-torchvision"]
+                                                  "template-samples"]
     assert all(r["epoch_s"] > 0 and 0 <= r["test_acc"] <= 1 for r in result["rows"])
     assert result["steps_per_epoch"] == 4 and all(r["step_us"] == pytest.approx(r["epoch_s"] / 4 * 1e6)
                                                   for r in result["rows"])

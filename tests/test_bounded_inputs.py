@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import RAW_NAMES, ROOT, TINY, TRAIN, make_tiny_mnist, one_line_error, run_script
+from helpers import ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script
 from project.errors import ImageError
 
 
@@ -33,8 +33,8 @@ def test_pipes_are_not_read_as_files(tmp_path):
     config = fifo(tmp_path / "config.yaml")
     done = finishes("train.py", "--config", str(config))
     assert "--config" in one_line_error(done.stderr) and "not a regular file" in done.stderr
-    data = make_tiny_mnist(tmp_path / "data")
-    images = data / "MNIST" / "raw" / RAW_NAMES[(True, "images")]
+    data = make_tiny_data(tmp_path / "data")
+    images = data / "tiny" / "train.pt"
     images.unlink()
     fifo(images)
     done = finishes("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"))
@@ -96,7 +96,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
 
 def test_a_reader_that_goes_away_stops_no_run(tmp_path):
     """``train.py | head -1``: the head reads the test metrics and leaves; the run still writes everything."""
-    data = make_tiny_mnist(tmp_path / "data")
+    data = make_tiny_data(tmp_path / "data")
     train = subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path / "logs"),
                               *TINY, "--max-epochs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=ROOT)
@@ -105,17 +105,17 @@ def test_a_reader_that_goes_away_stops_no_run(tmp_path):
     stderr = train.stderr.read()
     assert train.wait(timeout=120) in (0, 141), stderr
     assert first.startswith("test/acc") and "Traceback" not in stderr
-    run = tmp_path / "logs" / "mnist" / "version_0"
+    run = tmp_path / "logs" / "tiny" / "version_0"
     assert (run / "model.pth").is_file() and (run / "results.json").is_file()
 
 
 def test_a_model_too_large_for_memory_is_one_line(tmp_path):
-    data = make_tiny_mnist(tmp_path / "data")
+    data = make_tiny_data(tmp_path / "data")
     done = finishes("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), *TINY, "--hidden",
                     "100000000")
     assert "the model does not fit in memory (292.1 GiB for one tensor); choose smaller options (--hidden " \
            "100000000)" in one_line_error(done.stderr)
-    assert not (tmp_path / "logs" / "mnist").exists()
+    assert not (tmp_path / "logs" / "tiny").exists()
 
 
 def test_a_resume_skips_what_is_not_its_own_log_and_a_row_cut_short(tmp_path):

@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import TIMED, TINY, TRAIN, event_accumulator, make_tiny_mnist, one_line_error, run_script, tiny_config
+from helpers import TIMED, TINY, TRAIN, event_accumulator, make_tiny_data, one_line_error, run_script, tiny_config
 from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.reliability import runs
 from project.training.run import train
@@ -26,7 +26,7 @@ SHORT = {"max_epochs": 2, "accelerator": "cpu", "steps_per_call": 1}  # 7 steps 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return make_tiny_mnist(tmp_path_factory.mktemp("choosing") / "data", wrong_labels=0.1)
+    return make_tiny_data(tmp_path_factory.mktemp("choosing") / "data", wrong_labels=0.1)
 
 
 class SignalAtStep(L.Callback):
@@ -61,7 +61,7 @@ def test_the_newest_run_is_the_one_that_started_last_whatever_its_name(data, tmp
     first = train(tiny_config(data, tmp_path, **SHORT))
     with pytest.raises(Terminated, match="stopped by SIGTERM after step 9"):
         train(tiny_config(data, tmp_path, run_version="job_17", **SHORT), callbacks=[SignalAtStep(9)])
-    newest = runs.runs(tmp_path, "mnist")
+    newest = runs.runs(tmp_path, "tiny")
     assert [r.folder.name for r in newest] == ["job_17", first.run_dir.name]
     assert newest[0].state == "stopped" and newest[0].step == 9 and newest[1].state == "finished"
     resumed = train(tiny_config(data, tmp_path, resume="last", **SHORT))  # what the stop line says to do
@@ -79,7 +79,7 @@ def test_a_run_folder_is_held_by_one_process(data, tmp_path):
         with pytest.raises(UsageError, match=r"--resume: .* is in use by a run still training \(pid"):
             train(tiny_config(data, tmp_path, resume=str(result.last_checkpoint), scheduler="none",
                               **{**SHORT, "max_epochs": 3}))
-        racing = tmp_path / "mnist" / "job_3"
+        racing = tmp_path / "tiny" / "job_3"
         racing.mkdir()
         other = runs.RunLock(racing).acquire("test")  # the other job, which made the folder a moment ago
         with pytest.raises(UsageError, match="--run-version: .*job_3 is in use by a run still training"):
@@ -175,20 +175,17 @@ def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
     from project.config.schema import RunConfig
     from project.reliability.resume import check_same_training
 
-    check_same_training({"val_size": None}, RunConfig(val_size=5000), tmp_path)  # the recipe's own default
-    with pytest.raises(UserError, match="--val-size 4000: the checkpoint's run trained with --val-size 5000"):
-        check_same_training({"val_size": None}, RunConfig(val_size=4000), tmp_path)
+    check_same_training({"val_size": None}, RunConfig(val_size=40), tmp_path)  # the recipe's own default
+    with pytest.raises(UserError, match="--val-size 30: the checkpoint's run trained with --val-size 40"):
+        check_same_training({"val_size": None}, RunConfig(val_size=30), tmp_path)
 
 
 def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_path):
-    from helpers import RAW_NAMES, write_idx
-
-    data = make_tiny_mnist(tmp_path / "data")
-    labels = (data / "MNIST" / "raw" / RAW_NAMES[(False, "labels")])
-    raw = bytearray(labels.read_bytes())
-    raw[-1] = 12
-    write_idx(labels, __import__("numpy").frombuffer(bytes(raw[8:]), dtype="uint8"))
-    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte: label 12 is not a digit 0-9"):
+    data = make_tiny_data(tmp_path / "data")
+    images, labels = torch.load(data / "tiny" / "test.pt", weights_only=True)
+    labels[-1] = 12
+    torch.save((images, labels), data / "tiny" / "test.pt")
+    with pytest.raises(UserError, match="label 12 is outside the recipe's 10 classes"):
         train(tiny_config(data, tmp_path / "logs", **SHORT))
     assert not (tmp_path / "logs").exists()
 
@@ -214,7 +211,7 @@ def test_a_refusal_from_lightnings_own_checks_leaves_no_run_folder(data, tmp_pat
                            "2", "--accelerator", "cpu", "--run-version", "job_77", *TINY], capture_output=True,
                           text=True, env=env, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-    assert not (tmp_path / "mnist" / "job_77").exists()
+    assert not (tmp_path / "tiny" / "job_77").exists()
 
 
 def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
@@ -227,11 +224,11 @@ def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
     assert done.returncode == 0, done.stderr
     header, *rows = done.stdout.splitlines()
     assert header.split() == ["run", "state", "test/acc", "best", "checkpoint", "started"]
-    assert [row.split()[0] for row in rows] == [str(smoke.run_dir), str(tmp_path / "mnist" / "job_12"),
+    assert [row.split()[0] for row in rows] == [str(smoke.run_dir), str(tmp_path / "tiny" / "job_12"),
                                                 str(finished.run_dir)]
     assert "finished (smoke: --trainer.limit_train_batches)" in rows[0]
     assert "stopped at step 9" in rows[1] and rows[1].split()[5] == "-"  # no test/acc: it never tested
     assert rows[2].split()[1:3] == ["finished", f"{finished.test_metrics['test/acc']:.4f}"]
     assert Path(finished.best_checkpoint).name in rows[2]
     # The newest run that is not a smoke test is what the scripts take by default.
-    assert runs.checkpoint_of("last", tmp_path, "mnist", "--resume")[1].folder.name == "job_12"
+    assert runs.checkpoint_of("last", tmp_path, "tiny", "--resume")[1].folder.name == "job_12"

@@ -75,15 +75,23 @@ def test_a_missing_config_file_is_one_line(tmp_path, capsys):
     assert "cannot read it" in refused(capsys, ["--config", str(tmp_path / "nope.yaml")])
 
 
-@pytest.mark.parametrize("preset", ["article", "fast", "gpu-ddp"])
-def test_presets_parse(preset):
-    args = parse_run_config(["--config", str(ROOT / "configs" / f"{preset}.yaml")])
-    if preset == "article":
-        assert (args.lr, args.batch_size, args.max_epochs, args.scheduler) == (0.01, 64, 10, "none")
-    if preset == "fast":  # the preset is the default recipe, setting for setting
-        assert args == parse_run_config([])
-    if preset == "gpu-ddp":
-        assert (args.devices, args.precision, args.strategy) == (2, "16-mixed", "ddp")
+def test_a_preset_is_named_by_the_recipe_and_the_command_line_overrides_it(capsys):
+    args = parse_run_config(["--config", "quick", "--max-epochs", "3"])
+    assert (args.max_epochs, args.batch_size, args.hidden) == (3, 32, [16])
+    line = refused(capsys, ["--config", "quik"])
+    assert line.endswith("--config quik: no such file, and not one of the recipe's presets (quick)")
+
+
+def test_the_recipes_defaults_replace_the_engines():
+    from project.config.schema import EngineSettings
+
+    recipe_defaults = RunConfig()
+    engine_defaults = EngineSettings()
+    assert (recipe_defaults.batch_size, recipe_defaults.optimizer, recipe_defaults.lr) == (256, "sgd", 0.2)
+    assert (engine_defaults.batch_size, engine_defaults.optimizer, engine_defaults.lr) == (64, "adamw", 1e-3)
+    help_text = build_parser().format_help()
+    assert "(default: 256, the recipe's)" in help_text and "(default: 1000)" in help_text
+    assert RunConfig().to_mapping()["batch_size"] == 256  # config.yaml records them
 
 
 INVALID_FLAGS = [
@@ -175,9 +183,9 @@ def test_resolve_config_layers_override_in_order():
                                                "of the training batches"),
     (("--trainer.check_val_every_n_epoch", "0"), "--trainer.check_val_every_n_epoch: must be 1 or more, got 0"),
 ])
-def test_lightnings_own_setting_errors_are_one_line_exit_2(shared_tiny_mnist, tmp_path, flag, message):
+def test_lightnings_own_setting_errors_are_one_line_exit_2(shared_tiny_data, tmp_path, flag, message):
     """Settings Lightning checks (or trips over) only once the fit starts: one line, not its traceback."""
-    done = run_script("train.py", "--data-dir", str(shared_tiny_mnist), "--logdir", str(tmp_path), "--val-size", "40",
+    done = run_script("train.py", "--data-dir", str(shared_tiny_data), "--logdir", str(tmp_path), "--val-size", "40",
                       "--steps-per-call", "1", *flag)
     assert done.returncode == 2
     assert message in one_line_error(done.stderr, after=RUN_STARTED)

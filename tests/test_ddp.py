@@ -12,28 +12,28 @@ import psutil
 import pytest
 import torch
 
-from helpers import TINY, TRAIN, free_port, run_script
+from helpers import TINY, TRAIN, free_port, make_tiny_data, run_script
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.hardware.devices import resolve_hardware
-from project.recipe.data import MNISTDataModule
-from project.recipe.model import LitMNIST
 from project.reliability.checkpointing import read_weights
 from project.training.samplers import EvalShardSampler
 from project.training.tuning import check_tuning
+from tests.tiny_recipe.data import TinyDataModule
+from tests.tiny_recipe.model import LitTiny
 
 
 def single_process_test(checkpoint, data_dir) -> dict[str, float]:
-    model = LitMNIST.load_from_checkpoint(checkpoint, weights_only=True)
+    model = LitTiny.load_from_checkpoint(checkpoint, weights_only=True)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    dm = MNISTDataModule(data_dir, batch_size=32, val_size=40)
+    dm = TinyDataModule(data_dir, batch_size=32, val_size=40)
     return trainer.test(model, datamodule=dm, verbose=False)[0]
 
 
 def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(uninterrupted_ddp):
     output = uninterrupted_ddp["output"] + uninterrupted_ddp["stderr"]
-    runs = list((uninterrupted_ddp["logs"] / "mnist").iterdir())
+    runs = list((uninterrupted_ddp["logs"] / "tiny").iterdir())
     assert [r.name for r in runs] == ["version_0"]
     run = runs[0]
     writers = {f.name.split(".")[-2] for f in run.glob("events.out.tfevents.*")}  # ...<host>.<pid>.<n>
@@ -52,14 +52,14 @@ def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(unin
 
 
 @pytest.mark.slow
-def test_two_nodes_started_with_torchrun_with_16_mixed_on_cpu(tiny_mnist, tmp_path):
+def test_two_nodes_started_with_torchrun_with_16_mixed_on_cpu(tiny_data, tmp_path):
     logdir = tmp_path / "logs"
     for _attempt in range(3):  # a free port can be taken by another process before torchrun binds it: try another
         port = str(free_port())
         commands = [
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
-             TRAIN, "--num-nodes", "2", "--accelerator", "cpu", "--devices", "1", "--data-dir", str(tiny_mnist),
+             TRAIN, "--num-nodes", "2", "--accelerator", "cpu", "--devices", "1", "--data-dir", str(tiny_data),
              "--logdir", str(logdir), *TINY, "--max-epochs", "1", "--precision", "16-mixed"]
             for rank in (0, 1)
         ]
@@ -73,15 +73,15 @@ def test_two_nodes_started_with_torchrun_with_16_mixed_on_cpu(tiny_mnist, tmp_pa
     assert "world size 2" in outputs[0] and "precision bf16-mixed" in outputs[0]
     assert "fp16 mixed precision is not available on CPU; using bf16-mixed" in outputs[0]
     assert sum(o.count("test/acc ") for o in outputs) == 1  # only rank 0 prints the summary
-    runs = list((logdir / "mnist").iterdir())
+    runs = list((logdir / "tiny").iterdir())
     assert len(runs) == 1 and (runs[0] / "results.json").is_file()
     assert json.loads((runs[0] / "results.json").read_text())["world_size"] == 2
 
 
 @pytest.mark.slow
-def test_a_killed_rank_ends_the_job_within_20_seconds(tiny_mnist, tmp_path):
+def test_a_killed_rank_ends_the_job_within_20_seconds(tiny_data, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, TRAIN, "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / "logs"), *TINY,
+        [sys.executable, TRAIN, "--data-dir", str(tiny_data), "--logdir", str(tmp_path / "logs"), *TINY,
          "--accelerator", "cpu", "--devices", "2", "--max-epochs", "500", "--scheduler", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -105,20 +105,20 @@ def test_a_killed_rank_ends_the_job_within_20_seconds(tiny_mnist, tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_spawn_reports_and_writes_what_ddp_does(tiny_mnist, tmp_path):
+def test_ddp_spawn_reports_and_writes_what_ddp_does(tiny_data, tmp_path):
     """Spawned workers hand back only weights and the best path: the score, last.ckpt and summary still follow."""
-    done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / "logs"), *TINY,
+    done = run_script("train.py", "--data-dir", str(tiny_data), "--logdir", str(tmp_path / "logs"), *TINY,
                       "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_spawn", "--max-epochs", "1",
                       timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
-    run = tmp_path / "logs" / "mnist" / "version_0"
+    run = tmp_path / "logs" / "tiny" / "version_0"
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2
     assert results["last_checkpoint"] == str(run / "checkpoints" / "last.ckpt")
     assert Path(results["last_checkpoint"]).is_file() and Path(results["best_checkpoint"]).is_file()
     assert results["val/acc_best"] == pytest.approx(float(results["best_checkpoint"].split("acc")[-1][:6]), abs=1e-4)
     assert f"(val/acc {results['val/acc_best']:.4f})" in done.stdout
-    single = single_process_test(results["best_checkpoint"], tiny_mnist)
+    single = single_process_test(results["best_checkpoint"], tiny_data)
     assert results["test/acc"] == pytest.approx(single["test/acc"], abs=1e-6)
     assert results["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
     assert len(read_weights(run / "model.pth")) == 4
@@ -126,17 +126,19 @@ def test_ddp_spawn_reports_and_writes_what_ddp_does(tiny_mnist, tmp_path):
 
 
 @pytest.mark.slow
-def test_fractional_limits_on_two_ranks(real_data_dir, tmp_path):
-    """The peer template's smoke flags, under DDP with unused-parameter detection, on real MNIST."""
-    done = run_script("train.py", "--data-dir", str(real_data_dir), "--logdir", str(tmp_path / "logs"),
+def test_fractional_limits_on_two_ranks(tmp_path):
+    """The peer template's smoke flags, under DDP with unused-parameter detection."""
+    data = make_tiny_data(tmp_path / "data", n_train=2200, n_test=1000)
+    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(tmp_path / "logs"), "--val-size", "1000",
+                      "--batch-size", "4",
                       "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp_find_unused_parameters_true",
                       "--max-epochs", "1", "--trainer.limit_train_batches", "0.01",
                       "--trainer.limit_val_batches", "0.1", "--trainer.limit_test_batches", "0.1", timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "limit_val_batches=0.1: val batches of 250 images (not 1000)" in done.stderr
-    assert "limit_test_batches=0.1: test batches of 500 images (not 1000)" in done.stderr
-    run = tmp_path / "logs" / "mnist" / "version_0"
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1  # 0.01 of 108
+    assert "limit_val_batches=0.1: val batches of 50 images (not 1000)" in done.stderr
+    assert "limit_test_batches=0.1: test batches of 50 images (not 1000)" in done.stderr
+    run = tmp_path / "logs" / "tiny" / "version_0"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1  # 0.01 of 150
     assert 0 < json.loads((run / "results.json").read_text())["test/acc"] <= 1
 
 
@@ -174,12 +176,12 @@ def test_ddp_val_acc_is_the_single_process_accuracy_of_the_same_weights(uninterr
     from project.reliability.checkpointing import read_checkpoint
     from project.results.evaluation import evaluate, load_classifier
 
-    run = next((uninterrupted_ddp["logs"] / "mnist").iterdir())
+    run = next((uninterrupted_ddp["logs"] / "tiny").iterdir())
     best = sorted((run / "checkpoints").glob("best-*.ckpt"))[-1]
     callbacks = read_checkpoint(best)["callbacks"]
     score = next(float(state["best_model_score"]) for key, state in callbacks.items()
                  if key.startswith("ModelCheckpoint") and state.get("best_model_path") == str(best))
-    datamodule = MNISTDataModule(uninterrupted_ddp["data"], val_size=40, seed=0)
+    datamodule = TinyDataModule(uninterrupted_ddp["data"], val_size=40, seed=0)
     datamodule.setup("fit")
     val = datamodule.val_set
     single = evaluate(load_classifier(ckpt=str(best)), val.inputs, val.targets, 10)["test/acc"]
@@ -187,14 +189,14 @@ def test_ddp_val_acc_is_the_single_process_accuracy_of_the_same_weights(uninterr
 
 
 @pytest.mark.slow
-def test_one_device_ddp_trains_exactly_like_one_plain_process(tiny_mnist, tmp_path):
+def test_one_device_ddp_trains_exactly_like_one_plain_process(tiny_data, tmp_path):
     """A one-process DDP job keeps the one-process batch sampler (Lightning must not try to wrap it)."""
     weights = []
     for name, strategy in (("plain", ()), ("ddp", ("--strategy", "ddp", "--devices", "1"))):
-        done = run_script("train.py", "--data-dir", str(tiny_mnist), "--logdir", str(tmp_path / name), *TINY,
+        done = run_script("train.py", "--data-dir", str(tiny_data), "--logdir", str(tmp_path / name), *TINY,
                           "--accelerator", "cpu", "--max-epochs", "2", *strategy)
         assert done.returncode == 0, done.stderr
-        weights.append(read_weights(tmp_path / name / "mnist" / "version_0" / "model.pth"))
+        weights.append(read_weights(tmp_path / name / "tiny" / "version_0" / "model.pth"))
     assert weights[0].keys() == weights[1].keys()
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key

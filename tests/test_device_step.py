@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from helpers import assert_same_training_state, make_tiny_mnist, tiny_config, tiny_run
+from helpers import assert_same_training_state, make_tiny_data, tiny_config, tiny_run
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.hardware.cuda_graphs import capture_plan
@@ -173,7 +173,7 @@ def test_where_cuda_graphs_go_and_where_they_are_refused():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     # 520 training images at batch 32: 17 optimizer steps per epoch, the last one a partial batch of 8.
-    return make_tiny_mnist(tmp_path_factory.mktemp("device") / "data", n_train=560, n_test=40)
+    return make_tiny_data(tmp_path_factory.mktemp("device") / "data", n_train=560, n_test=40)
 
 
 def run(data, folder, **settings):
@@ -195,8 +195,8 @@ def test_a_run_through_the_device_step_resumes_mid_epoch_bitwise(data, tmp_path)
         torch.testing.assert_close(uninterrupted["state_dict"][key], value, rtol=1e-4, atol=1e-5)
 
 
-def test_cuda_graphs_on_cpu_say_what_they_do(shared_tiny_mnist, tmp_path):
-    done = tiny_run(shared_tiny_mnist, tmp_path / "logs", "--cuda-graphs", "--max-epochs", "1", "--accelerator",
+def test_cuda_graphs_on_cpu_say_what_they_do(shared_tiny_data, tmp_path):
+    done = tiny_run(shared_tiny_data, tmp_path / "logs", "--cuda-graphs", "--max-epochs", "1", "--accelerator",
                     "cpu")
     assert done.returncode == 0, done.stderr
     assert "CUDA graphs' step run eagerly (no GPU here: --cuda-graphs checks their arithmetic on cpu)" in done.stdout

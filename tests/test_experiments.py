@@ -14,28 +14,28 @@ from project.training.build import build_loggers
 from project.training.run import train
 
 
-def test_saved_config_reproduces_the_run_bitwise(shared_tiny_mnist, tmp_path):
+def test_saved_config_reproduces_the_run_bitwise(shared_tiny_data, tmp_path):
     from project.config.cli import parse_run_config
 
-    train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=2, hidden=[64, 32], seed=3,
+    train(tiny_config(shared_tiny_data, tmp_path / "logs", max_epochs=2, hidden=[64, 32], seed=3,
                       optimizer="adamw", lr=0.003))
-    run = tmp_path / "logs" / "mnist" / "version_0"
+    run = tmp_path / "logs" / "tiny" / "version_0"
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["hidden"] == [64, 32] and config["seed"] == 3 and config["optimizer"] == "adamw"
     train(parse_run_config(["--config", str(run / "config.yaml")]))
     a = torch.load(run / "model.pth", weights_only=True)
-    b = torch.load(tmp_path / "logs" / "mnist" / "version_1" / "model.pth", weights_only=True)
+    b = torch.load(tmp_path / "logs" / "tiny" / "version_1" / "model.pth", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_csv_logger_writes_the_same_metric_names(shared_tiny_mnist, tmp_path):
-    train(tiny_config(shared_tiny_mnist, tmp_path / "logs", max_epochs=1, logger="tensorboard,csv"))
-    run = tmp_path / "logs" / "mnist" / "version_0"
+def test_csv_logger_writes_the_same_metric_names(shared_tiny_data, tmp_path):
+    train(tiny_config(shared_tiny_data, tmp_path / "logs", max_epochs=1, logger="tensorboard,csv"))
+    run = tmp_path / "logs" / "tiny" / "version_0"
     with open(run / "metrics.csv") as stream:
         columns = set(next(csv.reader(stream)))
     assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr"} <= columns
     assert list(run.glob("events.out.tfevents.*"))  # both loggers share the run folder
-    assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]
+    assert [p.name for p in (tmp_path / "logs" / "tiny").iterdir()] == ["version_0"]
 
 
 @pytest.mark.parametrize("logger", ["wandb", "mlflow"])

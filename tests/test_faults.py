@@ -24,7 +24,7 @@ from helpers import (
     TRAIN,
     TWO_RANKS,
     assert_same_training_state,
-    make_tiny_mnist,
+    make_tiny_data,
     newest_last_checkpoint,
     tiny_config,
 )
@@ -41,7 +41,7 @@ ENDS_WITHIN = 20  # seconds for every process of a job to be gone after a fault:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_mnist(tmp_path_factory.mktemp("faults") / "data", n_train=680, n_test=40)
+    return make_tiny_data(tmp_path_factory.mktemp("faults") / "data", n_train=680, n_test=40)
 
 
 def start(data: Path, logdir: Path, *extra: str, script: str = TRAIN, env: dict | None = None) -> subprocess.Popen:
@@ -156,7 +156,7 @@ def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp
     assert len(drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, drill_seed())) == 3
     resumed = start(data, tmp_path / "logs", *TWO_RANKS, "--resume", "last")
     assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
-    assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]  # one run, one folder
+    assert [p.name for p in (tmp_path / "logs" / "tiny").iterdir()] == ["version_0"]  # one run, one folder
     assert_same_training_state(uninterrupted_ddp["last"], newest_last_checkpoint(tmp_path / "logs"))
 
 

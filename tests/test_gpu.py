@@ -9,11 +9,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, make_tiny_mnist, run_script, summary_value, tiny_config, tiny_run
-from project.recipe.data import MNISTDataModule
-from project.recipe.model import LitMNIST
+from helpers import assert_same_training_state, make_tiny_data, run_script, summary_value, tiny_config, tiny_run
 from project.training.callbacks import RunsFirst
 from project.training.run import train
+from tests.tiny_recipe.data import TinyDataModule
+from tests.tiny_recipe.model import LitTiny
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -47,11 +47,11 @@ def test_memory_fraction_counts_the_data_the_run_keeps_on_the_gpu(tmp_path):
     # A 160 MiB cap holds the model, cuBLAS's workspace (32 MiB on Hopper) and a small data set, but not
     # 60,000 images as float32 (188 MB).
     fraction = f"{160 * 2**20 / torch.cuda.get_device_properties(0).total_memory:.8f}"
-    small = make_tiny_mnist(tmp_path / "small")
+    small = make_tiny_data(tmp_path / "small")
     fine = tiny_run(small, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
                     "--gpu-memory-fraction", fraction)
     assert fine.returncode == 0, fine.stderr
-    large = make_tiny_mnist(tmp_path / "large", n_train=60000, n_test=80)
+    large = make_tiny_data(tmp_path / "large", n_train=60000, n_test=80)
     done = tiny_run(large, tmp_path / "logs", "--accelerator", "gpu", "--fast-dev-run",
                     "--gpu-memory-fraction", fraction)
     assert done.returncode == 1
@@ -59,11 +59,11 @@ def test_memory_fraction_counts_the_data_the_run_keeps_on_the_gpu(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_mnist):
-    dm = MNISTDataModule(tiny_mnist, batch_size=32, val_size=40)
+def test_16_mixed_uses_a_grad_scaler_and_data_lives_on_the_gpu(tiny_data):
+    dm = TinyDataModule(tiny_data, batch_size=32, val_size=40)
     trainer = L.Trainer(accelerator="gpu", devices=1, precision="16-mixed", fast_dev_run=True)
     assert isinstance(trainer.precision_plugin.scaler, torch.amp.GradScaler)
-    trainer.fit(LitMNIST(), datamodule=dm)
+    trainer.fit(LitTiny(), datamodule=dm)
     assert dm.train_set.inputs.is_cuda and dm.train_set.targets.is_cuda
     x, _ = next(iter(dm.train_dataloader()))
     assert x.is_cuda  # batches are gathered on the device: no host-to-device copy per step
@@ -101,14 +101,14 @@ class SyncsAreErrorsBetweenLogs(RunsFirst):  # first: LearningRateMonitor syncs 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])  # 16-mixed: the loss scaler's path too
 @pytest.mark.parametrize("steps_per_call", [1, 8])
-def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_mnist, tmp_path, steps_per_call,
+def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_data, tmp_path, steps_per_call,
                                                                       precision, cuda_graphs):
     """At default settings (progress bar and logger on), logging every 10 steps; captured steps too."""
     if cuda_graphs and steps_per_call == 1:
         pytest.skip("a graph replays the steps of a group")
     syncs = SyncsAreErrorsBetweenLogs()
     try:
-        result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=8, batch_size=8,
+        result = train(tiny_config(tiny_data, tmp_path / "logs", accelerator="gpu", max_epochs=8, batch_size=8,
                                    log_every_n_steps=10, steps_per_call=steps_per_call, precision=precision,
                                    cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": True}), callbacks=[syncs])
     finally:
@@ -122,9 +122,9 @@ def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_mnist
 GRAPHED = {"accelerator": "gpu", "max_epochs": 3, "steps_per_call": 8, "log_every_n_steps": 1000}
 
 
-def checkpoints(tiny_mnist, folder, **settings):
+def checkpoints(tiny_data, folder, **settings):
     every_5 = ModelCheckpoint(dirpath=folder / "every5", filename="{step}", every_n_train_steps=5, save_top_k=-1)
-    result = train(tiny_config(tiny_mnist, folder, **{**GRAPHED, "checkpoint_every_n_steps": 5, **settings}),
+    result = train(tiny_config(tiny_data, folder, **{**GRAPHED, "checkpoint_every_n_steps": 5, **settings}),
                    callbacks=[every_5])
     return result, torch.load(result.last_checkpoint, weights_only=True)
 
@@ -132,12 +132,12 @@ def checkpoints(tiny_mnist, folder, **settings):
 @pytest.mark.parametrize(("optimizer", "scheduler", "precision"), [("sgd", "onecycle", "32-true"),
                                                                    ("sgd", "cosine", "bf16-mixed"),
                                                                    ("adamw", "cosine", "32-true")])
-def test_cuda_graphs_train_like_eager_execution(tiny_mnist, tmp_path, optimizer, scheduler, precision):
+def test_cuda_graphs_train_like_eager_execution(tiny_data, tmp_path, optimizer, scheduler, precision):
     """The default (captured) against --no-cuda-graphs: the same steps, the same weights to float32 roundings."""
     settings = {"optimizer": optimizer, "scheduler": scheduler, "precision": precision,
                 "lr": 0.2 if optimizer == "sgd" else 0.01}
-    graphed, b = checkpoints(tiny_mnist, tmp_path / "graphed", **settings)
-    eager, a = checkpoints(tiny_mnist, tmp_path / "eager", cuda_graphs=False, **settings)
+    graphed, b = checkpoints(tiny_data, tmp_path / "graphed", **settings)
+    eager, a = checkpoints(tiny_data, tmp_path / "eager", cuda_graphs=False, **settings)
     assert graphed.step_mode == "graphs" and eager.step_mode == "off"
     assert "CUDA graphs on (each optimizer step replayed from one capture)" in graphed.summary()
     assert a["global_step"] == b["global_step"] == 3 * 7
@@ -148,10 +148,10 @@ def test_cuda_graphs_train_like_eager_execution(tiny_mnist, tmp_path, optimizer,
     assert graphed.test_metrics["test/loss"] == pytest.approx(eager.test_metrics["test/loss"], rel=0.05)
 
 
-def test_a_captured_run_resumes_mid_epoch_bitwise(tiny_mnist, tmp_path):
-    _, uninterrupted = checkpoints(tiny_mnist, tmp_path / "full")
+def test_a_captured_run_resumes_mid_epoch_bitwise(tiny_data, tmp_path):
+    _, uninterrupted = checkpoints(tiny_data, tmp_path / "full")
     middle = tmp_path / "full" / "every5" / "step=10.ckpt"  # epoch 1, 3 steps into it (7 steps per epoch)
-    resumed_run, resumed = checkpoints(tiny_mnist, tmp_path / "resumed", resume=str(middle))
+    resumed_run, resumed = checkpoints(tiny_data, tmp_path / "resumed", resume=str(middle))
     assert resumed_run.step_mode == "graphs"
     assert_same_training_state(uninterrupted, resumed)
 
@@ -163,11 +163,11 @@ class HugeLossScale(L.Callback):
         trainer.precision_plugin.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**24)
 
 
-def test_16_mixed_captured_skips_the_steps_that_overflow_as_eager_does(tiny_mnist, tmp_path):
+def test_16_mixed_captured_skips_the_steps_that_overflow_as_eager_does(tiny_data, tmp_path):
     settings = {**GRAPHED, "precision": "16-mixed"}
     scales, weights = [], []
     for name, graphs in (("graphed", True), ("eager", False)):
-        result = train(tiny_config(tiny_mnist, tmp_path / name, cuda_graphs=graphs, **settings),
+        result = train(tiny_config(tiny_data, tmp_path / name, cuda_graphs=graphs, **settings),
                        callbacks=[HugeLossScale()])
         state = torch.load(result.last_checkpoint, weights_only=True)
         scales.append(state["MixedPrecision"]["scale"])
@@ -179,7 +179,7 @@ def test_16_mixed_captured_skips_the_steps_that_overflow_as_eager_does(tiny_mnis
         torch.testing.assert_close(weights[0][key], weights[1][key], rtol=1e-2, atol=1e-3)
 
 
-def test_a_network_that_cannot_be_captured_trains_eagerly_with_one_line(tiny_mnist, tmp_path, monkeypatch, capfd):
+def test_a_network_that_cannot_be_captured_trains_eagerly_with_one_line(tiny_data, tmp_path, monkeypatch, capfd):
     from project.recipe.model import MLP
 
     forward = MLP.forward
@@ -188,7 +188,7 @@ def test_a_network_that_cannot_be_captured_trains_eagerly_with_one_line(tiny_mni
         return forward(self, x) * (1.0 if x.abs().sum().item() >= 0 else 0.0)
 
     monkeypatch.setattr(MLP, "forward", syncing)
-    result = train(tiny_config(tiny_mnist, tmp_path / "logs", **GRAPHED))
+    result = train(tiny_config(tiny_data, tmp_path / "logs", **GRAPHED))
     assert result.step_mode == "off" and result.step_mode_reason
     assert f"CUDA graphs off ({result.step_mode_reason})" in result.summary()
     lines = [line for line in capfd.readouterr().err.splitlines() if "CUDA graphs off" in line]
@@ -196,11 +196,11 @@ def test_a_network_that_cannot_be_captured_trains_eagerly_with_one_line(tiny_mni
     assert result.optimizer_steps == 3 * 7 and result.test_metrics["test/acc"] > 0.3
 
 
-def test_compile_reduce_overhead_runs_on_cuda_graphs(tiny_mnist, tmp_path):
+def test_compile_reduce_overhead_runs_on_cuda_graphs(tiny_data, tmp_path):
     from torch._dynamo.utils import counters
 
     counters.clear()
-    result = train(tiny_config(tiny_mnist, tmp_path / "logs", accelerator="gpu", max_epochs=1,
+    result = train(tiny_config(tiny_data, tmp_path / "logs", accelerator="gpu", max_epochs=1,
                                compile="reduce-overhead", steps_per_call=1))
     assert result.test_metrics["test/acc"] > 0.5
     assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
@@ -209,19 +209,19 @@ def test_compile_reduce_overhead_runs_on_cuda_graphs(tiny_mnist, tmp_path):
     assert cudagraph_trees.get_container(0).tree_manager is not None  # inductor recorded CUDA graph trees
 
 
-def test_compile_reduce_overhead_from_the_command_line(tiny_mnist, tmp_path):
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--max-epochs", "1",
+def test_compile_reduce_overhead_from_the_command_line(tiny_data, tmp_path):
+    done = tiny_run(tiny_data, tmp_path / "logs", "--accelerator", "gpu", "--max-epochs", "1",
                     "--compile", "reduce-overhead", timeout=600)
     assert done.returncode == 0, done.stderr
     assert float(summary_value(done.stdout, "test/acc")) > 0.5
 
 
-def test_fsdp_on_one_gpu_trains_tests_and_exports(tiny_mnist, tmp_path):
+def test_fsdp_on_one_gpu_trains_tests_and_exports(tiny_data, tmp_path):
     """The strategy refused on CPU works where it belongs: one GPU, K = 1 with its reason, a test, the export."""
-    done = tiny_run(tiny_mnist, tmp_path / "logs", "--accelerator", "gpu", "--devices", "1", "--strategy", "fsdp",
+    done = tiny_run(tiny_data, tmp_path / "logs", "--accelerator", "gpu", "--devices", "1", "--strategy", "fsdp",
                     "--max-epochs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "steps per call 1 (auto: --strategy fsdp wraps the model's forward" in done.stdout
-    results = json.loads((tmp_path / "logs" / "mnist" / "version_0" / "results.json").read_text())
+    results = json.loads((tmp_path / "logs" / "tiny" / "version_0" / "results.json").read_text())
     assert results["best_checkpoint"] and results["last_checkpoint"] and 0 < results["test/acc"] <= 1
     assert float(summary_value(done.stdout, "test/acc")) == pytest.approx(results["test/acc"], abs=1e-4)

@@ -45,8 +45,8 @@ def test_warmup_steps_only_with_cosine() -> None:
         RunConfig(warmup_steps=5)
 
 
-def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_mnist: Path, tmp_path: Path) -> None:
-    config = tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=2, scheduler="cosine", warmup_steps=3,
+def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_data: Path, tmp_path: Path) -> None:
+    config = tiny_config(tiny_data, tmp_path / "logs", max_epochs=2, scheduler="cosine", warmup_steps=3,
                          steps_per_call=1)
     result = train(config, test=False)
     state = torch.load(result.last_checkpoint, weights_only=True)["lr_schedulers"][0]
@@ -54,33 +54,33 @@ def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_mnist: Path, tmp_path:
     assert state["_last_lr"][0] == pytest.approx(0.0, abs=1e-12)
 
 
-def test_save_top_k_keeps_that_many_best_checkpoints(tiny_mnist: Path, tmp_path: Path) -> None:
-    result = train(tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=3, save_top_k=-1), test=False)
+def test_save_top_k_keeps_that_many_best_checkpoints(tiny_data: Path, tmp_path: Path) -> None:
+    result = train(tiny_config(tiny_data, tmp_path / "logs", max_epochs=3, save_top_k=-1), test=False)
     kept = sorted(p.name for p in Path(result.best_checkpoint).parent.glob("best-*.ckpt"))
     assert len(kept) == 3 and [name[:12] for name in kept] == ["best-epoch00", "best-epoch01", "best-epoch02"]
 
 
-def test_early_stopping_ends_a_run_that_stopped_improving(tiny_mnist: Path, tmp_path: Path) -> None:
+def test_early_stopping_ends_a_run_that_stopped_improving(tiny_data: Path, tmp_path: Path) -> None:
     # An LR this small leaves val/acc where the first epoch put it: no improvement after it.
-    config = tiny_config(tiny_mnist, tmp_path / "logs", max_epochs=20, lr=1e-12, scheduler="none",
+    config = tiny_config(tiny_data, tmp_path / "logs", max_epochs=20, lr=1e-12, scheduler="none",
                          early_stopping=2)
     result = train(config, test=False)
     assert result.optimizer_steps == 3 * STEPS_PER_EPOCH
 
 
 def test_resume_with_another_schedule_length_is_refused_before_anything_is_written(
-        tiny_mnist: Path, tmp_path: Path) -> None:
+        tiny_data: Path, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    train(tiny_config(tiny_mnist, logs, max_epochs=1), test=False)
+    train(tiny_config(tiny_data, logs, max_epochs=1), test=False)
     before = sorted(p.relative_to(logs) for p in logs.rglob("*"))
     refusal = ("--max-epochs 2: the checkpoint's run trained with --max-epochs 1, and a resume continues that run; "
                "resume with --max-epochs 1, or start a new run from its weights with --init-from ")
     with pytest.raises(UserError) as err:
-        train(tiny_config(tiny_mnist, logs, max_epochs=2, resume="last"))
+        train(tiny_config(tiny_data, logs, max_epochs=2, resume="last"))
     assert str(err.value).startswith(refusal)
     assert sorted(p.relative_to(logs) for p in logs.rglob("*")) == before
 
-    done = tiny_run(tiny_mnist, logs, "--max-epochs", "2", "--resume", "last")
+    done = tiny_run(tiny_data, logs, "--max-epochs", "2", "--resume", "last")
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"train.py: error: {refusal}") and lines[0].endswith("last.ckpt")
@@ -105,11 +105,11 @@ class MomentumSeen(L.Callback):
 
 
 @pytest.mark.parametrize(("momentum", "expected"), [(0.9, (0.85, 0.95)), (0.0, (0.0, 0.0))])
-def test_one_cycle_cycles_the_momentum_unless_it_is_zero(tiny_mnist: Path, tmp_path: Path, momentum: float,
+def test_one_cycle_cycles_the_momentum_unless_it_is_zero(tiny_data: Path, tmp_path: Path, momentum: float,
                                                          expected: tuple[float, float]) -> None:
     """What the README says trains by default: under one-cycle SGD's momentum runs 0.95 -> 0.85 -> 0.95."""
     seen = MomentumSeen()
-    train(tiny_config(tiny_mnist, tmp_path, max_epochs=2, momentum=momentum, steps_per_call=1), callbacks=[seen],
+    train(tiny_config(tiny_data, tmp_path, max_epochs=2, momentum=momentum, steps_per_call=1), callbacks=[seen],
           test=False)
     assert min(seen.values) == pytest.approx(expected[0], abs=1e-3)
     assert max(seen.values) == pytest.approx(expected[1], abs=1e-3)

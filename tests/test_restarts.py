@@ -23,7 +23,7 @@ from helpers import (
     assert_same_training_state,
     event_accumulator,
     fill_file_system,
-    make_tiny_mnist,
+    make_tiny_data,
     tiny_config,
 )
 from project.errors import NothingToDo, UserError
@@ -41,7 +41,7 @@ SETTINGS = {"batch_size": 32, "val_size": 40, "eval_batch_size": 8, "checkpoint_
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A tenth of the labels wrong: accuracies below 1, so that a partial epoch's train/acc differs from the whole's.
-    return make_tiny_mnist(tmp_path_factory.mktemp("restarts") / "data", n_train=680, n_test=80, wrong_labels=0.1)
+    return make_tiny_data(tmp_path_factory.mktemp("restarts") / "data", n_train=680, n_test=80, wrong_labels=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ STOPS = ([(phase, "TERM") for phase in PHASES] + [(phase, "KILL") for phase in P
 def test_a_run_stopped_at_any_phase_resumes_to_the_uninterrupted_run(data, reference, tmp_path, phase, signal_name):
     logdir = tmp_path / "logs"
     stopped = stop(data, logdir, phase, signal_name)
-    run = logdir / "mnist" / "version_0"
+    run = logdir / "tiny" / "version_0"
     lines = stopped.stderr.strip().splitlines()
     if signal_name == "KILL":
         assert stopped.returncode == -signal.SIGKILL
@@ -121,7 +121,7 @@ def test_a_run_stopped_at_any_phase_resumes_to_the_uninterrupted_run(data, refer
             train(config)
     else:
         train(config)
-    assert [p.name for p in (logdir / "mnist").iterdir()] == ["version_0"]  # one run, one folder
+    assert [p.name for p in (logdir / "tiny").iterdir()] == ["version_0"]  # one run, one folder
     assert not list(run.rglob(".*.tmp"))
     assert_same_run(outcome(run), reference)
 
@@ -141,16 +141,16 @@ def test_resuming_with_another_steps_per_call_changes_nothing(data, reference, t
     its batches): the epoch still ends with its validation, and the run ends as if never stopped."""
     logdir = tmp_path / "logs"
     assert stop(data, logdir, "step-25", "KILL", "--steps-per-call", "4").returncode == -signal.SIGKILL
-    assert torch.load(logdir / "mnist" / "version_0" / "checkpoints" / "last.ckpt")["global_step"] < 40
+    assert torch.load(logdir / "tiny" / "version_0" / "checkpoints" / "last.ckpt")["global_step"] < 40
     train(tiny_config(data, logdir, **SETTINGS, resume="last", steps_per_call=1))
-    assert_same_run(outcome(logdir / "mnist" / "version_0"), reference)
+    assert_same_run(outcome(logdir / "tiny" / "version_0"), reference)
 
 
 @pytest.fixture(scope="module")
 def one_epoch(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("one_epoch")
     train(tiny_config(data, root / "logs", **{**SETTINGS, "max_epochs": 1}), test=False)
-    return root / "logs" / "mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    return root / "logs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
 
 
 CHANGES = [
@@ -186,7 +186,7 @@ def test_init_from_starts_a_new_run_from_the_weights(data, one_epoch, tmp_path):
     start = torch.load(one_epoch, weights_only=True)["state_dict"]
     result = train(tiny_config(data, tmp_path / "logs", max_epochs=1, lr=1e-30, scheduler="none", momentum=0.0,
                                weight_decay=0.0, init_from=str(one_epoch)), test=False)
-    assert result.run_dir == tmp_path / "logs" / "mnist" / "version_0"  # a new run, in a folder of its own
+    assert result.run_dir == tmp_path / "logs" / "tiny" / "version_0"  # a new run, in a folder of its own
     after = torch.load(result.last_checkpoint, weights_only=True)
     assert after["global_step"] == 20  # its own schedule, from step 0
     assert all(torch.allclose(after["state_dict"][k], start[k]) for k in start)  # an LR of 1e-30 moved nothing
@@ -201,7 +201,7 @@ def test_runs_started_together_never_share_a_folder(data, tmp_path):
                               stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    runs = sorted((tmp_path / "logs" / "mnist").iterdir())
+    runs = sorted((tmp_path / "logs" / "tiny").iterdir())
     assert [r.name for r in runs] == ["version_0", "version_1"]
     folders = {line.split()[1].rsplit("/", 1)[0] for out, _ in outputs for line in out.splitlines()
                if line.startswith("results ")}
@@ -224,12 +224,12 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(data, tmp_path):
     done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logs), *FLAGS,
                            "--max-epochs", "1", "--resume", "last"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1].startswith(f"train.py: {logs / 'mnist' / 'version_0'} is finished")
+    assert done.stderr.strip().splitlines()[-1].startswith(f"train.py: {logs / 'tiny' / 'version_0'} is finished")
     assert {p: p.stat().st_mtime_ns for p in logs.rglob("*")} == before
 
 
 def test_a_killed_save_leaves_no_temporary_file_after_the_resume(data, one_epoch, tmp_path):
-    run = tmp_path / "logs" / "mnist" / "version_0"
+    run = tmp_path / "logs" / "tiny" / "version_0"
     shutil.copytree(one_epoch.parents[1], run)
     (run / "results.json").unlink()  # not finished: stopped before it wrote its results
     stray = run / "checkpoints" / ".last.ckpt.k3j4.tmp"
@@ -286,7 +286,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(data, small_dis
     assert done.returncode == 1
     assert only_line(done.stderr) == ("train.py: error: cannot write the run's files (No space left on device); the "
                                       "newest complete checkpoint is kept: free space and continue with --resume last")
-    run = small_disk / "logs" / "mnist" / "version_0"
+    run = small_disk / "logs" / "tiny" / "version_0"
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 24
     assert not list(run.rglob(".*.tmp"))
     (small_disk / "filler").unlink()
@@ -302,7 +302,7 @@ def test_a_full_disk_during_the_export_loses_no_test_metric(data, small_disk, re
     assert only_line(done.stderr) == ("train.py: error: cannot write the run's files (No space left on device); the "
                                       "test metrics are above and in results.json: free space and continue with "
                                       "--resume last")
-    run = small_disk / "logs" / "mnist" / "version_0"
+    run = small_disk / "logs" / "tiny" / "version_0"
     saved = json.loads((run / "results.json").read_text())
     assert (saved["test/acc"], saved["test/loss"]) == reference["test"] and saved["weights"] is None
     (small_disk / "filler").unlink()
@@ -381,7 +381,7 @@ def test_a_stop_at_an_epochs_last_step_waits_for_its_validation(data, tmp_path):
     with pytest.raises(Terminated, match="stopped by SIGTERM after step 20; last.ckpt holds that step"):
         train(tiny_config(data, tmp_path / "logs", **{**SETTINGS, "checkpoint_every_n_steps": None},
                           steps_per_call=1), callbacks=[TermAtStep(20)])
-    run = tmp_path / "logs" / "mnist" / "version_0"
+    run = tmp_path / "logs" / "tiny" / "version_0"
     assert [e.step for e in event_accumulator(run).Scalars("val/acc")] == [19]  # epoch 0's validation ran
     assert [p.name for p in (run / "checkpoints").glob("best-*.ckpt")] == [
         next(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("best-epoch00"))]

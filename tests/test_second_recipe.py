@@ -32,20 +32,23 @@ def test_the_engine_knows_no_mnist_and_finds_the_recipe_in_one_place():
                 for number, line in enumerate(p.read_text().splitlines(), 1) if mnist.search(line)]
     assert not mentions
     assert [p.name for p in ENGINE_FILES if "project.recipe" in p.read_text()] == ["contract.py"]
-    # The whole swap: three files of the user's, about 75 lines.
+    # The whole swap: three files of the user's, about 110 lines with the example data it writes.
     files = sorted(p.name for p in RECIPE_FILES.glob("*.py"))
     assert files == ["__init__.py", "data.py", "model.py"]
-    assert sum(len(p.read_text().splitlines()) for p in RECIPE_FILES.glob("*.py")) < 90
+    assert sum(len(p.read_text().splitlines()) for p in RECIPE_FILES.glob("*.py")) < 120
 
 
 def test_the_recipes_option_is_a_flag_and_a_missing_feature_is_one_line_before_training(second_recipe):
     template, data, logs = second_recipe["template"], second_recipe["data"], second_recipe["root"] / "refused"
     shown = run_in(template, "train.py", "--help").stdout
     assert "--channels" in shown and "--hidden" not in shown and "coloured bars" in shown
-    refused = run_in(template, "train.py", "--data-dir", str(data), "--logdir", str(logs), "--loader", "torchvision")
-    assert refused.returncode == 2
-    assert "--loader torchvision: this recipe's BarsDataModule has no per-sample dataset" in \
-        one_line_error(refused.stderr)
+    assert "(default: 8, the recipe's)" in shown and "(default: adamw, the recipe's)" in shown  # its own defaults
+    refused = run_in(template, "train.py", "--data-dir", str(data), "--logdir", str(logs), "--channels", "16")
+    assert refused.returncode == 2  # the CNN unpacks two channel counts: its option check says so
+    assert one_line_error(refused.stderr).endswith("--channels: needs exactly 2 sizes, e.g. 8,16; got 1")
+    refused = run_in(template, "train.py", "--config", "fast")
+    assert one_line_error(refused.stderr).endswith("--config fast: no such file, and not one of the recipe's "
+                                                   "presets (it has none)")
     assert not logs.exists()  # refused before anything was written
 
 
@@ -71,7 +74,7 @@ def test_kill_9_mid_run_then_resume_last_is_bitwise_the_same(second_recipe, tmp_
     args = ("--data-dir", str(data), "--logdir", str(tmp_path), *BARS)
     killed = subprocess.run([sys.executable, str(template / "tests" / "faulty_train.py"), *args, "--steps-per-call",
                              "8"], capture_output=True, text=True, timeout=300, cwd=template,
-                            env={**os.environ, "STOP_AT": "step-17:KILL"})
+                            env={**os.environ, "PROJECT_RECIPE": "project.recipe", "STOP_AT": "step-17:KILL"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     saved = newest_last_checkpoint(tmp_path, "bars")
     assert 0 < saved["global_step"] < 40  # killed mid-run, from a checkpoint of an earlier step
@@ -100,6 +103,11 @@ def test_fast_dev_run_and_bf16_mixed(second_recipe, tmp_path, extra):
         assert not tmp_path.exists() or not any(tmp_path.iterdir())  # no logs or files
     else:
         assert "precision bf16-mixed" in done.stdout and accuracy > 0.5
+        evaluated = run_in(second_recipe["template"], "evaluate.py", "--logdir", str(tmp_path), "--data-dir",
+                           str(second_recipe["data"]), "--json")  # in the run's precision, as its test was
+        assert evaluated.returncode == 0, evaluated.stderr
+        assert "computed in bf16-mixed, as the run tested" in evaluated.stderr
+        assert json.loads(evaluated.stdout)["test/acc"] == pytest.approx(accuracy, abs=1e-4)
 
 
 def _recipe_model(second_recipe: dict) -> object:
@@ -113,8 +121,10 @@ def _recipe_model(second_recipe: dict) -> object:
 
 def _test_set(second_recipe: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The test images as uint8, as the network sees them (normalised), and their labels."""
+    from tests.second_recipe.data import BarsDataModule
+
     images, labels = torch.load(second_recipe["data"] / "bars" / "test.pt", weights_only=True)
-    return images, (images.float() / 255 - 0.5) / 0.25, labels
+    return images, BarsDataModule(second_recipe["data"]).normalize(images.float() / 255), labels
 
 
 def test_evaluate_and_the_exports_agree_with_training(second_recipe):
@@ -139,10 +149,18 @@ def test_evaluate_and_the_exports_agree_with_training(second_recipe):
     assert "portable program" in second_recipe["output"] and "the state_dict of CNN" in second_recipe["output"]
 
 
-def test_predict_reads_image_files_the_recipes_way(second_recipe, tmp_path):
+@pytest.mark.parametrize("form", ["as-is", "dark-on-light", "upscaled-3x"])
+def test_predict_reads_image_files_the_recipes_way(second_recipe, tmp_path, form):
+    """The test set as PNG files, as trained (light bars on dark noise), inverted, or upscaled three times: the
+    default read_image turns each back into the training images' form, so predict.py equals the network."""
     images, inputs, labels = _test_set(second_recipe)
     for index in range(40):
-        Image.fromarray(images[index].permute(1, 2, 0).numpy(), mode="RGB").save(tmp_path / f"{index:02d}.png")
+        image = Image.fromarray(images[index].permute(1, 2, 0).numpy(), mode="RGB")
+        if form == "dark-on-light":
+            image = Image.eval(image, lambda v: 255 - v)
+        elif form == "upscaled-3x":
+            image = image.resize((16 * 3, 12 * 3), Image.Resampling.NEAREST)
+        image.save(tmp_path / f"{index:02d}.png")
     done = run_in(second_recipe["template"], "predict.py", str(tmp_path), "--ckpt", "best", "--logdir",
                   str(second_recipe["run"].parent.parent), "--json", "--topk", "4")
     assert done.returncode == 0, done.stderr
@@ -166,6 +184,16 @@ def test_tensorboard_figures_show_the_recipes_images(second_recipe):
     assert (grid.width, grid.height) == (8 * (16 + 2) + 2, 4 * (12 + 2) + 2)  # 32 images of 16 x 12, 8 a row
     confusion = events.Images("val/confusion_matrix")[-1]
     assert 4 * 22 < confusion.width < 300 and 4 * 22 < confusion.height < 300  # 4 classes, labelled
+
+
+def test_the_lr_finder_picks_an_lr_the_run_trains_with(second_recipe, tmp_path):
+    done = run_in(second_recipe["template"], "train.py", "--data-dir", str(second_recipe["data"]), "--logdir",
+                  str(tmp_path), *BARS, "--find-lr")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"LR finder: loss within 15% of its lowest up to lr \S+; using \S+ for --scheduler cosine",
+                     done.stderr), done.stderr
+    results = json.loads((tmp_path / "bars" / "version_0" / "results.json").read_text())
+    assert results["test/acc"] > 0.5  # it trains (4 classes: chance is 0.25)
 
 
 def test_a_sweep_over_the_recipes_option(second_recipe, tmp_path):

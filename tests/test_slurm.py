@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_mnist, tiny_config
+from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_data, tiny_config
 from project.reliability.checkpointing import read_checkpoint
 from project.training.run import train
 
@@ -56,11 +56,11 @@ def flags(settings: dict, data: Path) -> list[str]:
 
 
 def test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_never_stopped(slurm, tmp_path):
-    data = make_tiny_mnist(tmp_path / "data", n_train=680, n_test=40)
+    data = make_tiny_data(tmp_path / "data", n_train=680, n_test=40)
     reference = train(tiny_config(data, tmp_path / "reference", **LONG))
     logdir = tmp_path / "logs"
     job = submit(slurm, logdir, *flags(LONG, data))
-    run = logdir / "mnist" / f"job_{job}"
+    run = logdir / "tiny" / f"job_{job}"
     stops = []
     for restart in (1, 2):
         past = (stops[-1] if stops else 0) + 150
@@ -84,7 +84,7 @@ def test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_ne
         assert (f"train.py: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; job {job} "
                 "requeued: it continues from last.ckpt in this folder") in output
     assert output.count(f"job {job}: start") == 3 and "Traceback" not in output
-    assert [p.name for p in (logdir / "mnist").iterdir()] == [f"job_{job}"]  # one run, one folder
+    assert [p.name for p in (logdir / "tiny").iterdir()] == [f"job_{job}"]  # one run, one folder
     assert_same_training_state(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True),
                                torch.load(reference.last_checkpoint, weights_only=True))
     ours, theirs = torch.load(run / "model.pth"), torch.load(reference.run_dir / "model.pth")
@@ -102,10 +102,10 @@ def test_srun_with_two_tasks_is_two_rank_ddp(slurm, uninterrupted_ddp, tmp_path)
     wait_for(lambda: slurm.job(job).get("JobState") in ("COMPLETED", "FAILED"), "the 2-task job")
     output = (logdir.parent / f"slurm-{job}.out").read_text()
     assert slurm.job(job)["JobState"] == "COMPLETED", output
-    run = logdir / "mnist" / f"job_{job}"
+    run = logdir / "tiny" / f"job_{job}"
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and "world size 2" in output
     assert_same_training_state(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True),
                                uninterrupted_ddp["last"])
-    reference = json.loads(next((uninterrupted_ddp["logs"] / "mnist").glob("*/results.json")).read_text())
+    reference = json.loads(next((uninterrupted_ddp["logs"] / "tiny").glob("*/results.json")).read_text())
     assert results["test/acc"] == reference["test/acc"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, event_accumulator, make_tiny_mnist, tiny_config
+from helpers import assert_same_training_state, event_accumulator, make_tiny_data, tiny_config
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.run import train
@@ -16,7 +16,7 @@ from project.training.steps_per_call import choose_steps_per_call
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     # 520 training images at batch 32: 17 optimizer steps per epoch, the last one a partial batch of 8.
-    return make_tiny_mnist(tmp_path_factory.mktemp("spc") / "data", n_train=560, n_test=40)
+    return make_tiny_data(tmp_path_factory.mktemp("spc") / "data", n_train=560, n_test=40)
 
 
 def run(data, folder, steps_per_call, **settings):
@@ -129,7 +129,7 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
 def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
     _, uninterrupted = run(data, tmp_path / "full", written_with, checkpoint_every_n_steps=5, log_every_n_steps=50)
     middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
-    assert torch.load(middle, weights_only=True)["MNISTDataModule"] == {"epoch": 1, "samples_done": 8 * 32,
+    assert torch.load(middle, weights_only=True)["TinyDataModule"] == {"epoch": 1, "samples_done": 8 * 32,
                                                                          "world_size": 1}
     _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
                      resume=str(middle))
@@ -145,21 +145,21 @@ def test_resuming_from_the_end_of_an_epoch_gives_the_uninterrupted_state(data, t
     assert_same_training_state(uninterrupted, resumed)
 
 
-def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_mnist, monkeypatch):
+def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_data, monkeypatch):
     """The measured step is the recipe's ``batch_loss`` on the run's batch; pauses that come and go (a busy
     machine) do not count, a step that is always slow does."""
     import time
     from pathlib import Path
 
-    from project.recipe.model import LitMNIST
     from project.training import steps_per_call
     from project.training.build import build_datamodule
+    from tests.tiny_recipe.model import LitTiny
 
-    config = tiny_config(shared_tiny_mnist, Path("unused"), batch_size=16)
+    config = tiny_config(shared_tiny_data, Path("unused"), batch_size=16)
     datamodule = build_datamodule(config)
     datamodule.setup("fit")
     seen, calls = [], []
-    real_batch_loss = LitMNIST.batch_loss
+    real_batch_loss = LitTiny.batch_loss
 
     def batch_loss(module, batch):
         seen.append(tuple(batch[0].shape))
@@ -168,10 +168,10 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_mni
             time.sleep(0.05)
         return real_batch_loss(module, batch)
 
-    monkeypatch.setattr(LitMNIST, "batch_loss", batch_loss)
+    monkeypatch.setattr(LitTiny, "batch_loss", batch_loss)
     quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
     assert quick < 0.02 and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
-    monkeypatch.setattr(LitMNIST, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
+    monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
         module, batch))[1])
     slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
     assert slow >= 0.05

@@ -55,26 +55,26 @@ def storage(request, tmp_path) -> str:
     return request.getfixturevalue("postgres").new_database()
 
 
-def load(storage: str, name: str = "mnist-sweep") -> optuna.Study:
+def load(storage: str, name: str = "tiny-sweep") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=open_storage(storage))
 
 
 @pytest.mark.slow
-def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_mnist, tmp_path):
+def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_data, tmp_path):
     space = write_space(tmp_path, SPACE)
     storage = str(tmp_path / "study.journal")
     logdir = tmp_path / "logs"
     # The first 4 trials in this process (the objective sweep.py runs), the rest by sweep.py itself.
     fixed, params = load_space(space)
-    folder = logdir / "sweeps" / "mnist-sweep"
-    base = {"data_dir": str(tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+    folder = logdir / "sweeps" / "tiny-sweep"
+    base = {"data_dir": str(tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
-    open_study("mnist-sweep", storage, "median", 0).optimize(Objective(fixed, params, base, folder), n_trials=4)
+    open_study("tiny-sweep", storage, "median", 0).optimize(Objective(fixed, params, base, folder), n_trials=4)
     before = {t.number: (t.params, t.state, t.value) for t in load(storage).trials}
     assert len(before) == 4
 
     # Two more processes on the same storage: each resumes the study, and they share it.
-    workers = [subprocess.Popen(sweep(space, storage, tiny_mnist, logdir, 2), stdout=subprocess.PIPE,
+    workers = [subprocess.Popen(sweep(space, storage, tiny_data, logdir, 2), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=300) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
@@ -94,17 +94,17 @@ def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_mnist, tmp_path):
     assert "| trial | val/acc |" in outputs[0][0] + outputs[1][0]
     from project.config.cli import parse_run_config
 
-    best_run = train(parse_run_config(["--config", str(folder / "best.yaml"), "--data-dir", str(tiny_mnist),
+    best_run = train(parse_run_config(["--config", str(folder / "best.yaml"), "--data-dir", str(tiny_data),
                                        "--logdir", str(tmp_path / "best-run"), "--val-size", "40"]))
     assert best_run.config.lr == 0.2 and best_run.test_metrics["test/acc"] > 0.5
 
 
 @pytest.mark.slow
-def test_processes_started_together_share_a_new_study(storage, tiny_mnist, tmp_path):
+def test_processes_started_together_share_a_new_study(storage, tiny_data, tmp_path):
     """Two workers at the same moment on a storage with no study (nor tables) yet: both join, and no
     trial is lost or run twice. Then the same command resumes the study (on PostgreSQL)."""
     space = write_space(tmp_path, QUICK)
-    command = sweep(space, storage, tiny_mnist, tmp_path / "logs", 3, "--sampler", "random", "--heartbeat", "5")
+    command = sweep(space, storage, tiny_data, tmp_path / "logs", 3, "--sampler", "random", "--heartbeat", "5")
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -114,13 +114,13 @@ def test_processes_started_together_share_a_new_study(storage, tiny_mnist, tmp_p
     assert len({t._trial_id for t in trials}) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
     owners = collections.Counter(t.user_attrs["worker"] for t in trials)
     assert sorted(owners.values()) == [3, 3], owners  # each process ran its own three
-    folders = tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials"
+    folders = tmp_path / "logs" / "sweeps" / "tiny-sweep" / "trials"
     assert sorted(p.name for p in folders.iterdir()) == [f"trial_{n:03d}" for n in range(6)]
     printed = sorted(line.split(":")[0] for out, _ in outputs for line in out.splitlines() if line.startswith("trial "))
     assert printed == [f"trial {n}" for n in range(6)]  # each trial reported once, by the worker that ran it
 
     if storage.startswith("postgresql"):  # a journal's study resuming: test_sweep_resumes_shares_storage_...
-        again = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 1), capture_output=True,
+        again = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 1), capture_output=True,
                                text=True, timeout=300)
         assert again.returncode == 0 and "6 trials so far; running 1 more" in again.stdout, again.stderr
         assert len(load(storage).trials) == 7
@@ -142,20 +142,20 @@ def wait_for_training_trial(storage: str, proc: subprocess.Popen, timeout: float
 
 
 @pytest.mark.slow
-def test_a_killed_workers_trial_is_failed_and_retried(storage, tiny_mnist, tmp_path):
+def test_a_killed_workers_trial_is_failed_and_retried(storage, tiny_data, tmp_path):
     """kill -9 mid-trial leaves the trial RUNNING; the next worker fails it (journal: its process is gone;
     PostgreSQL: its heartbeat stopped) and runs it again with the same parameters."""
     # 40 epochs of 50 steps: about 4 s of training, killed after its second epoch.
     space = write_space(tmp_path, "fixed:\n  scheduler: none\n  batch_size: 4\n  max_epochs: 40\n"
                                   "  steps_per_call: 1\nparams:\n  lr: {type: categorical, choices: [0.1]}\n")
-    command = sweep(space, storage, tiny_mnist, tmp_path / "logs", 1, "--heartbeat", "1")
+    command = sweep(space, storage, tiny_data, tmp_path / "logs", 1, "--heartbeat", "1")
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = wait_for_training_trial(storage, first)
     first.kill()
     first.communicate()
     left = load(storage).trials
     assert [t.state for t in left] == [TrialState.RUNNING] and len(left[0].intermediate_values) < 40  # stays so
-    assert not (tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials" / "trial_000" / "results.json").exists()
+    assert not (tmp_path / "logs" / "sweeps" / "tiny-sweep" / "trials" / "trial_000" / "results.json").exists()
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -168,13 +168,13 @@ def test_a_killed_workers_trial_is_failed_and_retried(storage, tiny_mnist, tmp_p
 
 
 @pytest.mark.slow
-def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_mnist, tmp_path):
+def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_data, tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs two CPU cores")
     space = write_space(tmp_path, QUICK.replace("max_epochs: 1", "max_epochs: 6"))
     storage = str(tmp_path / "study.journal")
-    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 4, "--workers", "2", "--sampler",
+    done = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 4, "--workers", "2", "--sampler",
                                 "random", "--sampler-seed", "0"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     half = len(cores) // 2
@@ -205,7 +205,7 @@ def sweep_args(monkeypatch, *argv: str):
 
 
 MISTAKES = [
-    (["--data-dir", "{empty}"], "MNIST not found in"),
+    (["--data-dir", "{empty}"], "no such file"),
     (["--space", "{tmp}/nowhere.yaml"], "nowhere.yaml: cannot read it (No such file or directory)"),
     (["--space", "{tmp}/broken.yaml"], "broken.yaml: not valid YAML"),
     (["--storage", "postgresql://postgres:secret@127.0.0.1:1/optuna"],
@@ -217,15 +217,15 @@ MISTAKES = [
 
 
 @pytest.mark.parametrize(("argv", "message"), MISTAKES)
-def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_mnist, tmp_path, argv, message):
+def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, tmp_path, argv, message):
     (tmp_path / "empty").mkdir()
     write_space(tmp_path, QUICK)
     (tmp_path / "broken.yaml").write_text("params: [unclosed\n")
     journal = str(tmp_path / "study.journal")
-    open_study("mnist-sweep", journal, "median", 0)  # an existing study must come out of it unchanged
+    open_study("tiny-sweep", journal, "median", 0)  # an existing study must come out of it unchanged
     argv = [a.format(empty=tmp_path / "empty", tmp=tmp_path) for a in argv]
     args = sweep_args(monkeypatch, "--space", str(tmp_path / "space.yaml"), "--storage", journal, "--data-dir",
-                      str(shared_tiny_mnist), "--logdir", str(tmp_path / "logs"), *argv)
+                      str(shared_tiny_data), "--logdir", str(tmp_path / "logs"), *argv)
     with pytest.raises(UserError) as err:
         prepare(args)
     assert message in str(err.value) and "\n" not in str(err.value) and "secret" not in str(err.value)
@@ -233,22 +233,22 @@ def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_mnist, 
     assert not (tmp_path / "logs").exists()
 
 
-def test_a_bad_storage_is_one_line_and_exit_code_2(shared_tiny_mnist, tmp_path):
+def test_a_bad_storage_is_one_line_and_exit_code_2(shared_tiny_data, tmp_path):
     space = write_space(tmp_path, QUICK)
-    done = subprocess.run(sweep(space, f"sqlite:///{tmp_path}/s.db", shared_tiny_mnist, tmp_path / "logs", 1),
+    done = subprocess.run(sweep(space, f"sqlite:///{tmp_path}/s.db", shared_tiny_data, tmp_path / "logs", 1),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == UsageError.exit_code and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sweep.py: error: --storage sqlite:///")
     assert not (tmp_path / "s.db").exists()
 
 
-def test_trials_share_no_steps_per_call_plan(shared_tiny_mnist, tmp_path):
+def test_trials_share_no_steps_per_call_plan(shared_tiny_data, tmp_path):
     """A trial with K = 1 after one with K = 4 on the same in-memory data (this crashed mid-study)."""
     path = write_space(tmp_path, "fixed:\n  max_epochs: 1\n  batch_size: 32\n"
                                  "params:\n  steps_per_call: {type: categorical, choices: [4, 1]}\n")
     fixed, params = load_space(path)
     folder = tmp_path / "logs"
-    base = {"data_dir": str(shared_tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+    base = {"data_dir": str(shared_tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
     study = open_study("plan", str(tmp_path / "s.journal"), "none", 0, "grid", params)
     study.optimize(Objective(fixed, params, base, folder), n_trials=2)
@@ -289,13 +289,13 @@ def test_bad_search_spaces_name_the_key(tmp_path, space, message):
 
 
 @pytest.mark.slow
-def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_mnist, tmp_path):
+def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_data, tmp_path):
     """Trials on 2 devices run as their own train.py (DDP re-runs that command, not the sweep)."""
     space = write_space(tmp_path, "fixed:\n  scheduler: none\n  batch_size: 32\n  max_epochs: 1\n  accelerator: cpu\n"
                                   "params:\n  devices: {type: int, low: 1, high: 2}\n"
                                   "  momentum: {type: categorical, choices: [0.9]}\n")
     storage = str(tmp_path / "study.journal")
-    done = subprocess.run(sweep(space, storage, tiny_mnist, tmp_path / "logs", 10, "--sampler", "grid"),
+    done = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 10, "--sampler", "grid"),
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 trials so far; running 10 more (grid of 2) on 1 worker(s)" in done.stdout
@@ -303,7 +303,7 @@ def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_mnist, 
     combinations = sorted((t.params["devices"], t.params["momentum"]) for t in study.trials)
     assert combinations == [(1, 0.9), (2, 0.9)]  # each once, then the grid stops
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
-    trials = tmp_path / "logs" / "sweeps" / "mnist-sweep" / "trials"
+    trials = tmp_path / "logs" / "sweeps" / "tiny-sweep" / "trials"
     for trial in study.trials:
         if trial.params["devices"] == 2:
             results = json.loads((trials / f"trial_{trial.number:03d}" / "results.json").read_text())
@@ -323,13 +323,13 @@ def test_grid_values_come_from_choices_or_steps():
         grid({"momentum": {"type": "float", "low": 0.8, "high": 0.99}})
 
 
-def test_fast_dev_run_smoke_tests_a_sweep(tiny_mnist, tmp_path):
+def test_fast_dev_run_smoke_tests_a_sweep(tiny_data, tmp_path):
     path = write_space(tmp_path, "fixed:\n  fast_dev_run: true\n"
                                  "params:\n  lr: {type: categorical, choices: [0.2, 0.05]}\n")
     fixed, params = load_space(path)
     assert fixed == {"fast_dev_run": True}
     folder = tmp_path / "logs" / "sweeps" / "smoke"
-    base = {"data_dir": str(tiny_mnist), "val_size": 40, "logdir": str(folder), "name": "trials",
+    base = {"data_dir": str(tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
     study = open_study("smoke", str(tmp_path / "study.journal"), "none", 0, "grid", params)
     study.optimize(Objective(fixed, params, base, folder), n_trials=5)
@@ -345,12 +345,12 @@ def test_each_pruner_flag_opens_a_study_with_that_pruner(tmp_path, name, kind):
     assert type(study.pruner) is kind
 
 
-def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_mnist, tmp_path):
+def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_data, tmp_path):
     """A second space on a study, a damaged journal, and a new journal whose study name meets the old one's trials
     in the same --logdir: each one line before any trial."""
     space = write_space(tmp_path, QUICK)
     journal = tmp_path / "study.journal"
-    common = ("--storage", str(journal), "--data-dir", str(shared_tiny_mnist), "--logdir", str(tmp_path / "logs"),
+    common = ("--storage", str(journal), "--data-dir", str(shared_tiny_data), "--logdir", str(tmp_path / "logs"),
               "--val-size", "40")
     study, _, objective = prepare(sweep_args(monkeypatch, "--space", str(space), *common))
     study.optimize(objective, n_trials=1)

@@ -116,14 +116,14 @@ def counter(monkeypatch: pytest.MonkeyPatch) -> ConversionCounter:
 
 @pytest.mark.parametrize(("steps_per_call", "cuda_graphs"), [(1, False), (4, False), (4, True)],
                          ids=["K1", "K4", "K4-device-step"])
-def test_no_conversion_between_logging_steps(shared_tiny_mnist, tmp_path, counter, steps_per_call, cuda_graphs,
+def test_no_conversion_between_logging_steps(shared_tiny_data, tmp_path, counter, steps_per_call, cuda_graphs,
                                              monkeypatch):
     """K4-device-step: the step a CUDA graph captures (``--cuda-graphs``), run eagerly here."""
     # The non-finite-loss guard checks CPU losses at once (free on the host); on an accelerator it keeps a
     # flag on the device and looks at logging steps. Take that path here.
     monkeypatch.setattr(build, "FiniteLossGuard", functools.partial(FiniteLossGuard, deferred=True))
     log_every = 3
-    config = tiny_config(shared_tiny_mnist, tmp_path, max_epochs=2, log_every_n_steps=log_every,
+    config = tiny_config(shared_tiny_data, tmp_path, max_epochs=2, log_every_n_steps=log_every,
                          steps_per_call=steps_per_call, cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": True})
     train(config, callbacks=[counter], test=False)
     # 200 training images in batches of 32: 7 steps an epoch; the steps that end at 3, 6, 9, 12 are logged.

@@ -27,7 +27,7 @@ from project.config.schema import RunConfig
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, RunsFirst
 from project.training.classifier import optimizer_and_schedule
-from project.training.tensor_data import TensorDataModule, TensorPairs, keep_batch, split_indices
+from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
 WARM_UP_STEPS = 3  # of the captured loop, on a side stream, before its capture
@@ -72,7 +72,8 @@ class BenchData:
     train: TensorPairs  # normalised, as the template trains
     test: TensorPairs
     per_sample: Dataset | None  # the same training samples, unnormalised, one at a time (None: the recipe has none)
-    datamodule: Callable[[str], TensorDataModule]  # a fresh datamodule holding exactly these samples
+    datamodule: Callable[..., TensorDataModule]  # a fresh datamodule holding exactly these samples
+    reads_samples: bool = False  # the recipe's data is per sample (files): the template rows read it that way
 
     def network(self) -> tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
         """The recipe's network, freshly initialised from seed 0, and its loss."""
@@ -96,15 +97,19 @@ def bench_data(args: argparse.Namespace) -> BenchData:
     config = RunConfig(data_dir=args.data_dir, batch_size=args.batch_size, accelerator=args.accelerator,
                        precision=args.precision)
 
-    def datamodule(loader: str = "memory") -> TensorDataModule:
-        data = build_datamodule(config.replace(loader=loader))
+    def datamodule(per_sample: bool | None = None) -> TensorDataModule:
+        data = build_datamodule(config, per_sample)
         data.setup("fit")
         data.setup("test")
         if args.limit:
             keep = list(range(min(args.limit, len(data.train_set))))
             train = data.train_set
-            data.train_set = TensorPairs(*train.__getitems__(keep)) if isinstance(train, TensorPairs) else \
-                Subset(train, keep)
+            if isinstance(train, TensorPairs):
+                data.train_set = TensorPairs(*train.__getitems__(keep))
+            elif isinstance(train, Augmented):
+                data.train_set = Augmented(Subset(train.dataset, keep), train.augment, train.seed)
+            else:
+                data.train_set = Subset(train, keep)
         return data
 
     data = datamodule()
@@ -113,7 +118,17 @@ def bench_data(args: argparse.Namespace) -> BenchData:
         samples = data.load_samples(train=True)
         train, _ = split_indices(len(samples), data.validation_count(len(samples)), data.seed)
         per_sample = Subset(samples, train[:len(data.train_set)])
+    if data.per_sample:  # the hand-written rows train on tensors: the samples read once, normalised
+        return BenchData(config, in_memory(data.train_set, data), in_memory(data.test_set, data), per_sample,
+                         datamodule, reads_samples=True)
     return BenchData(config, data.train_set, data.test_set, per_sample, datamodule)
+
+
+def in_memory(split: Dataset, data: TensorDataModule) -> TensorPairs:
+    """A per-sample split read once into normalised tensors (without the training split's augmentation)."""
+    split = split.dataset if isinstance(split, Augmented) else split
+    inputs, targets = zip(*(split[i] for i in range(len(split))), strict=True)
+    return TensorPairs(data.normalize(torch.stack(inputs)), torch.as_tensor(targets))
 
 
 def evaluate(network: nn.Module, test: TensorPairs, device: torch.device, normalize: Callable | None = None) -> float:
@@ -139,7 +154,7 @@ def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precisi
     if kind == "article":
         optimizer, scheduler = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR), None
         loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
-        to_pixels = data.datamodule("memory").to_image
+        to_pixels = data.datamodule().to_image
         unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
 
         def batches() -> Iterable:
@@ -315,7 +330,7 @@ def bare_lightning(args: argparse.Namespace, device: torch.device, precision: st
     return {"epoch_times": stats.epoch_times[1:], "test_acc": evaluate(module.net, data.test, device)}
 
 
-def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str, loader: str = "memory",
+def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str, per_sample: bool | None = None,
              cuda_graphs: bool | str = False) -> dict[str, Any]:
     """``train()`` itself, with the run's default optimizer and schedule; on a GPU, with the host syncs it made per
     step."""
@@ -324,13 +339,13 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
 
     with tempfile.TemporaryDirectory() as logdir:
         config = data.config.replace(
-            logdir=logdir, name="bench", max_epochs=args.epochs + 1, loader=loader, steps_per_call=steps_per_call,
+            logdir=logdir, name="bench", max_epochs=args.epochs + 1, steps_per_call=steps_per_call,
             cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": False},
         )
         device = torch.device(resolve_accelerator(args.accelerator))
         with counting_syncs(device, from_start=False) as caught:
             callbacks = [SyncsInTrainingSteps()] if device.type == "cuda" else []
-            result = train(config, datamodule=data.datamodule(loader), callbacks=callbacks)
+            result = train(config, datamodule=data.datamodule(per_sample), callbacks=callbacks)
     return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
             "cuda_graphs": result.step_mode == "graphs",

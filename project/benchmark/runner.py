@@ -32,7 +32,7 @@ ROWS = {  # the references first: every row's ratios are known when it is printe
     "template-k1": "template, steps per call 1",
     "template-auto": "template, steps per call auto",
     "template-graphs": "template, steps per call auto, CUDA graphs",
-    "template-torchvision": "template, torchvision loader",
+    "template-samples": "template, per-sample DataLoader",
 }
 GPU_ROWS = ("hand-graphs", "template-graphs")  # CUDA graphs: on a GPU only
 REFERENCES = {"vs_hand": "hand", "vs_hand_graphs": "hand-graphs"}
@@ -52,12 +52,14 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "template-k1": lambda: bench_loops.template(args, data, 1),
         "template-auto": lambda: bench_loops.template(args, data, "auto"),
         "template-graphs": lambda: bench_loops.template(args, data, "auto", cuda_graphs=True),
-        "template-torchvision": lambda: bench_loops.template(args, data, 1, "torchvision"),
+        "template-samples": lambda: bench_loops.template(args, data, 1, per_sample=True),
     }
     missing = {}
     if data.per_sample is None:  # the recipe has no per-sample dataset: the rows that need one cannot run
-        missing.update(dict.fromkeys(("article", "template-torchvision"), "it needs the recipe's per-sample dataset, "
+        missing.update(dict.fromkeys(("article", "template-samples"), "it needs the recipe's per-sample dataset, "
                                      "load_samples"))
+    elif data.reads_samples:
+        missing["template-samples"] = "the recipe reads per sample anyway: it is the template rows"
     if device.type != "cuda":
         missing.update(dict.fromkeys(GPU_ROWS, "CUDA graphs need a GPU"))
     elif precision == "16-mixed" or data.config.optimizer != "sgd":

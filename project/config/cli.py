@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
@@ -61,7 +62,8 @@ def build_parser(prog: str = "train.py") -> OneLineParser:
     for name, spec in RunConfig.settings().items():
         meta = spec.metadata
         default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
-        shown = "" if default is None or default is False else f" (default: {_shown(default)})"
+        whose = ", the recipe's" if name in RECIPE.defaults else ""
+        shown = "" if default is None or default is False else f" (default: {_shown(default)}{whose})"
         options: dict[str, Any] = {"help": (meta["help"] + shown).strip() or None}
         if meta["check"] in (flag, flag_or_auto):
             options["action"] = argparse.BooleanOptionalAction
@@ -70,9 +72,22 @@ def build_parser(prog: str = "train.py") -> OneLineParser:
             if meta["const"] is not None:
                 options.update(nargs="?", const=meta["const"])
         groups[meta["group"]].add_argument("--" + name.replace("_", "-"), **options)
-    groups["run"].add_argument("--config", metavar="FILE.yaml",
-                               help="read settings from a YAML file (keys: flag names); the command line overrides it")
+    presets = ", ".join(RECIPE.presets()) or "none"
+    groups["run"].add_argument("--config", metavar="FILE.yaml|PRESET",
+                               help="read settings from a YAML file (keys: flag names), or one of the recipe's presets "
+                                    f"({presets}); the command line overrides it")
     return parser
+
+
+def config_path(given: str) -> str:
+    """``--config``'s file: a path, or the name of one of the recipe's presets (``configs/NAME.yaml`` in it)."""
+    presets = RECIPE.presets()
+    if given in presets and not Path(given).exists():
+        return str(presets[given])
+    if not Path(given).exists() and "/" not in given and not given.endswith((".yaml", ".yml")):
+        raise UsageError(f"--config {given}: no such file, and not one of the recipe's presets "
+                         f"({', '.join(presets) or 'it has none'})")
+    return given
 
 
 def _shown(value: Any) -> str:
@@ -111,7 +126,7 @@ def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") 
         layers: list[tuple[dict[str, Any], str]] = []
         config_file = given.pop("config", None)
         if config_file:
-            layers.append((load_yaml(config_file, f"--config {config_file}"), f"--config {config_file}"))
+            layers.append((load_yaml(config_path(config_file), f"--config {config_file}"), f"--config {config_file}"))
         layers.append(({**given, "trainer": trainer}, ""))
         return resolve_config(layers)
     except UsageError as err:
@@ -160,7 +175,8 @@ def parse_predict_args(description: str | None) -> argparse.Namespace:
 
 def parse_sweep_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("sweep.py", description)
-    parser.add_argument("--space", default="configs/sweep.yaml", help="search space (YAML)")
+    parser.add_argument("--space", default=str(RECIPE.folder / "sweep.yaml"),
+                        help="search space (YAML; default: the recipe's sweep.yaml)")
     parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20,
                         help="trials this command runs (shared out among its workers)")
     parser.add_argument("--storage", default=SWEEP_STORAGE,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from project import EVAL_BATCH_SIZE, LOADERS, OPTIMIZERS, SCHEDULERS
+from project import EVAL_BATCH_SIZE, OPTIMIZERS, SCHEDULERS
 from project.config.validators import (
     count_or_auto,
     devices_spec,
@@ -40,7 +40,6 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
-BASE_BATCH = 256  # the batch the default --lr is tuned for; --scale-lr scales from it
 
 
 def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: str = "run", *,
@@ -57,6 +56,8 @@ def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: st
 
 
 RECIPE = recipe()
+# The batch the default --lr is tuned for; --scale-lr scales from it.
+BASE_BATCH = int(RECIPE.defaults.get("batch_size", 64))
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,15 @@ class EngineSettings:
     steps_per_call: int | str = setting("auto", count_or_auto, "optimizer steps per Lightning step (same training, "
                                         "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
     # recipe
-    max_epochs: int = setting(6, positive_int, "", "recipe")
-    batch_size: int = setting(256, positive_int, "per device", "recipe")
+    max_epochs: int = setting(10, positive_int, "", "recipe")
+    batch_size: int = setting(64, positive_int, "per device", "recipe")
     eval_batch_size: int = setting(EVAL_BATCH_SIZE, positive_int, "per device, for validation and test", "recipe")
-    optimizer: str = setting("sgd", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
-    lr: float = setting(0.2, positive_float, "peak LR under onecycle", "recipe")
+    optimizer: str = setting("adamw", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
+    lr: float = setting(1e-3, positive_float, "peak LR under onecycle", "recipe")
     momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0); under onecycle, "
                                      "the momentum cycles 0.95-0.85-0.95 instead (0 turns it off)", "recipe")
-    weight_decay: float = setting(5e-4, non_negative_float, "", "recipe")
-    scheduler: str = setting("onecycle", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
+    weight_decay: float = setting(0.01, non_negative_float, "", "recipe")
+    scheduler: str = setting("cosine", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
                              "per optimizer step", "recipe")
     warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
                                        "of the run's steps)", "recipe", metavar="N")
@@ -108,10 +109,9 @@ class EngineSettings:
     val_size: int | float | None = setting(None, optional(size_or_share), "samples of the training set held out for "
                                            "validation, or a share (0.1) (default: the recipe's)", "data",
                                            metavar="N|SHARE")
-    loader: str = setting("memory", one_of(*LOADERS), "memory: whole split as one tensor, batches by "
-                          "gather; torchvision: a per-sample Dataset and DataLoader", "data")
-    num_workers: int = setting(0, non_negative_int, "per-sample loader only", "data")
-    pin_memory: bool = setting(False, flag, "per-sample loader only", "data")
+    num_workers: int = setting(0, non_negative_int, "DataLoader workers reading samples (recipes that read "
+                               "per sample)", "data")
+    pin_memory: bool = setting(False, flag, "pinned host memory for per-sample batches", "data")
     # run
     fast_dev_run: bool = setting(False, flag, "one batch of each stage, no logs or files", saved=False)
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
@@ -173,10 +173,26 @@ class EngineSettings:
         return self.find_batch_size or self.find_lr
 
 
+def _recipe_default(name: str, value: Any) -> tuple[str, Any, Any]:
+    """An engine setting's field with the recipe's default in place of the engine's (one line if it is not one)."""
+    spec = EngineSettings.settings().get(name)
+    if spec is None or not spec.metadata["saved"] or spec.metadata["group"] == "hardware" or name == "name":
+        raise SystemExit(f"error: recipe {RECIPE.name!r}: defaults: {name!r} is not an engine setting a recipe sets "
+                         "(e.g. batch_size, max_epochs, optimizer, lr, scheduler, val_size)")
+    meta = spec.metadata
+    try:
+        value = meta["check"](value)
+    except ValueError as err:
+        raise SystemExit(f"error: recipe {RECIPE.name!r}: defaults: {name}: {err}") from None
+    return name, spec.type, setting(value, meta["check"], meta["help"], meta["group"], const=meta["const"],
+                                    metavar=meta["metavar"])
+
+
 RunConfig = dataclasses.make_dataclass(
     "RunConfig",
-    [(name, Any, setting(option.default, option.check, option.help, "model", metavar=option.metavar))
-     for name, option in RECIPE.options.items()],
+    [*(_recipe_default(name, value) for name, value in RECIPE.defaults.items()),
+     *((name, Any, setting(option.default, option.check, option.help, "model", metavar=option.metavar))
+       for name, option in RECIPE.options.items())],
     bases=(EngineSettings,), frozen=True,
     namespace={"__doc__": "Everything that defines one training run: the engine's settings and the recipe's "
                           "options. Field names are the flags (``max_epochs`` = ``--max-epochs``)."},

@@ -111,6 +111,18 @@ def sizes(value: Any) -> list[int]:
     return [positive_int(p) for p in parts]
 
 
+def sizes_of(count: int, example: str) -> Callable[[Any], list[int]]:
+    """Exactly ``count`` positive sizes (a module that unpacks two channel counts needs two), e.g. ``8,16``."""
+    def check(value: Any) -> list[int]:
+        found = sizes(value)
+        if len(found) != count:
+            raise ValueError(f"needs exactly {count} sizes, e.g. {example}; got {len(found)}")
+        return found
+
+    check.__name__ = "sizes"
+    return check
+
+
 def size_or_share(value: Any) -> int | float:
     """A count (``5000``) or a share of a whole (``0.1``, strictly between 0 and 1)."""
     if isinstance(value, bool):

@@ -22,7 +22,7 @@ from project.training.tensor_data import data_position
 
 # Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
 TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
-           "batch_size", "precision", "loader", "scale_lr", *RECIPE.options)
+           "batch_size", "precision", "scale_lr", *RECIPE.options)
 TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                         "limit_train_batches", "max_steps")
 
@@ -88,8 +88,8 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
 def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
     """Refuse, naming the flag, any setting that would change what the checkpoint's run trains (a setting left to
     its default compares as the default it stands for)."""
-    now = {**config.to_mapping(), "precision": _full_precision(config.precision)}
-    saved = {**saved, **({"precision": _full_precision(saved["precision"])} if "precision" in saved else {})}
+    now = {**config.to_mapping(), "precision": full_precision(config.precision)}
+    saved = {**saved, **({"precision": full_precision(saved["precision"])} if "precision" in saved else {})}
     default_val = RECIPE.datamodule_class().default_val_size if "val_size" in saved else None
     for values in (now, saved):
         if values.get("val_size") is None and "val_size" in saved:
@@ -107,7 +107,7 @@ def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) ->
                         f"its weights with --init-from {path}")
 
 
-def _full_precision(precision: str) -> str:
+def full_precision(precision: str) -> str:
     """Lightning's short names for precisions (``32`` is ``32-true``)."""
     return {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(str(precision),
                                                                                       str(precision))

@@ -93,6 +93,19 @@ class RunLock:
 _OWNED: dict[Path, RunLock] = {}
 
 
+def _forget_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker): close the copies of the lock files. A flock belongs to the open
+    file, which a child shares; one that outlived a killed run would keep its folder locked until it noticed."""
+    for lock in _OWNED.values():
+        if lock._handle is not None:
+            lock._handle.close()
+            lock._handle = None
+    _OWNED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_locks)
+
+
 def own(folder: Path, flag: str) -> None:
     """Hold ``folder`` for this process until ``release_all`` (at the run's end); one line if another holds it."""
     folder = folder.resolve()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -14,6 +15,9 @@ from project.contract import recipe
 from project.errors import CheckpointError
 from project.reliability import runs
 from project.reliability.checkpointing import read_checkpoint, read_weights
+from project.reliability.resume import full_precision
+
+TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 
 
 class Classifier(nn.Module):
@@ -23,14 +27,26 @@ class Classifier(nn.Module):
     and unchanged for one that already returns log-probabilities.
     """
 
-    def __init__(self, network: nn.Module, source: str, chosen: str = "") -> None:
+    def __init__(self, network: nn.Module, source: str, chosen: str = "", precision: str = "32-true") -> None:
         super().__init__()
-        self.network = network
+        self.precision = full_precision(precision)  # the run's: evaluation computes as its test did
+        self.network = network.to(TRUE_DTYPES.get(self.precision, torch.float32))
         self.source = source
         self.chosen = chosen  # how the default picked it ("the best checkpoint of the newest run, ..."), if it did
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.network(inputs).float(), dim=1)
+        dtype = TRUE_DTYPES.get(self.precision, torch.float32)
+        # On the CPU, 16-mixed trains and tests as bf16-mixed (the summary says so): the same here.
+        mixed = torch.autocast("cpu", dtype=torch.bfloat16) if self.precision.endswith("-mixed") else \
+            contextlib.nullcontext()
+        with mixed:
+            return torch.log_softmax(self.network(inputs.to(dtype)).float(), dim=1)
+
+    def describe(self) -> str:
+        """Which model, and how it was chosen and computed (for the scripts' ``using ...`` line)."""
+        chosen = f", {self.chosen}" if self.chosen else ""
+        computed = f"; computed in {self.precision}, as the run tested" if self.precision != "32-true" else ""
+        return f"{self.source}{chosen}{computed}"
 
 
 def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir: str = "lightning_logs",
@@ -48,7 +64,8 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
     except RuntimeError:
         raise CheckpointError(f"{path}: its weights do not fit this recipe's {module_class.__name__}") from None
     chosen = f"the {ckpt or 'best'} checkpoint of the newest run, {run.folder} ({run.describe()})" if run else ""
-    return Classifier(module.model.eval(), source=str(path), chosen=chosen)
+    precision = state.get("run_record", {}).get("config", {}).get("precision", "32-true")
+    return Classifier(module.model.eval(), source=str(path), chosen=chosen, precision=precision)
 
 
 def recipe_data(data_dir: str | None = None) -> Any:
@@ -100,10 +117,15 @@ def render(results: dict[str, Any]) -> str:
 
 
 def evaluate_test_set(classifier: Classifier, data_dir: str | None = None) -> dict[str, Any]:
-    """``evaluate`` on the recipe's test set, normalised as in training."""
+    """``evaluate`` on the recipe's test set, normalised as in training (read sample by sample where the recipe
+    reads its data that way)."""
     datamodule = recipe_data(data_dir)
     datamodule.setup("test")
     test = datamodule.test_set
+    if datamodule.per_sample:
+        batches = [datamodule.on_after_batch_transfer(batch, 0) for batch in datamodule.test_dataloader()]
+        inputs, targets = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+        return evaluate(classifier, inputs, targets, datamodule.num_classes)
     return evaluate(classifier, test.inputs, test.targets, datamodule.num_classes)
 
 

@@ -59,17 +59,29 @@ def eight_bit(image: Image.Image) -> Image.Image:
     return Image.frombytes("L", image.size, scaled.numpy().tobytes())
 
 
-def read_resized(path: str | os.PathLike, shape: tuple[int, ...]) -> torch.Tensor:
-    """``[0, 1]`` pixels ``(C, H, W)`` of ``shape``: grey for one channel, RGB for three, resized to fit."""
+def read_resized(path: str | os.PathLike, shape: tuple[int, ...], dark_background: bool | None = None) -> torch.Tensor:
+    """``[0, 1]`` pixels ``(C, H, W)`` of ``shape``: grey for one channel, RGB for three, resized to fit.
+
+    A larger image is shrunk by area (box) averaging, which gives an exact upscale's original pixels
+    back and blurs nothing it need not; a smaller one is enlarged bilinearly. ``dark_background``:
+    the polarity of the images the network was trained on (True: light on dark); an image
+    of the other polarity (its mean brightness on the other side of one half) is inverted, so that
+    dark ink on light paper reads as the light-on-dark strokes the network knows.
+    """
     channels, height, width = shape
 
     def pixels(image: Image.Image) -> torch.Tensor:
         mode = {1: "L", 3: "RGB"}.get(channels)
         if mode is None:
             raise ImageError(f"the recipe's inputs have {channels} channels; only 1 (grey) or 3 (RGB) come from images")
-        resized = image.convert(mode).resize((width, height), Image.Resampling.BILINEAR)
+        converted = image.convert(mode)
+        shrinking = converted.width >= width and converted.height >= height
+        resized = converted.resize((width, height), Image.Resampling.BOX if shrinking else Image.Resampling.BILINEAR)
         values = torch.frombuffer(bytearray(resized.tobytes()), dtype=torch.uint8).float().div(255)
-        return values.reshape(height, width, channels).permute(2, 0, 1).contiguous()
+        values = values.reshape(height, width, channels).permute(2, 0, 1).contiguous()
+        if dark_background is not None and bool(values.mean() > 0.5) == dark_background:
+            values = 1 - values
+        return values
 
     return with_image(path, pixels)
 

@@ -40,11 +40,13 @@ from project.training.steps_per_call import AutoStepsPerCall, SharedStepCount, S
 from project.training.tensor_data import TensorDataModule
 
 
-def build_datamodule(config: RunConfig) -> TensorDataModule:
+def build_datamodule(config: RunConfig, per_sample: bool | None = None) -> TensorDataModule:
+    """The recipe's datamodule for ``config`` (``per_sample``: read its samples one by one even where it could hold
+    them in memory, as the benchmark compares)."""
     return RECIPE.datamodule_class()(
         data_dir=config.data_dir, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
         num_workers=config.num_workers, pin_memory=config.pin_memory, val_size=config.val_size, seed=config.seed,
-        loader=config.loader,
+        per_sample=per_sample,
     )
 
 

@@ -13,23 +13,40 @@ class EpochShuffleSampler(RandomSampler):
     ``EpochShardSampler`` is its DDP counterpart).
     """
 
-    def __init__(self, data_source: Sequence, seed: int = 0) -> None:
+    def __init__(self, data_source: Sequence, seed: int = 0, keyed: bool = False) -> None:
         super().__init__(data_source)
         self.seed = seed
         self.epoch = 0
+        self.keyed = keyed
         self._resume_at: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def resume(self, epoch: int, samples_done: int) -> None:
-        """Skip the samples a checkpointed run already trained on, once, when ``epoch`` comes round."""
+        """Skip the samples a checkpointed run already trained on, in every iteration of ``epoch``: Lightning
+        starts one to check the loader, and a loader with workers reads ahead from it at once."""
         self._resume_at = (epoch, samples_done)
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+        self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
         order = epoch_order(len(self.data_source), self.seed, self.epoch, self._resume_at)
-        self._resume_at = None
-        return iter(order.tolist())
+        return with_epoch(order.tolist(), self.epoch, self.keyed)
+
+
+def resuming(epoch: int, resume_at: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
+    """``(epoch, resume_at)`` for an iteration: a resumed run's first iteration is its checkpoint's epoch, though
+    Lightning iterates a loader before it sets the epoch (a loader with workers reads ahead at once); the skip
+    holds for every iteration of that epoch, and ends with it."""
+    if resume_at is None or epoch > resume_at[0]:
+        return epoch, None
+    return resume_at[0], resume_at
+
+
+def with_epoch(indices: list[int], epoch: int, keyed: bool) -> Iterator[int] | Iterator[tuple[int, int]]:
+    """The indices, or ``(index, epoch)`` keys for a dataset whose augmentation is seeded by both (``Augmented``):
+    the same sample gets the same random crop in a resumed run, in any worker process."""
+    return iter([(i, epoch) for i in indices] if keyed else indices)
 
 
 def epoch_order(size: int, seed: int, epoch: int, resume_at: tuple[int, int] | None) -> torch.Tensor:
@@ -112,19 +129,20 @@ class EpochShardSampler(DistributedSampler):
     this rank already trained on.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int = 0) -> None:
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int = 0, keyed: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.keyed = keyed
         self._resume_at: tuple[int, int] | None = None
 
     def resume(self, epoch: int, samples_done: int) -> None:
         self._resume_at = (epoch, samples_done)
 
     def __iter__(self) -> Iterator[int]:
+        self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
         shard = list(super().__iter__())
-        if self._resume_at is not None and self._resume_at[0] == self.epoch:
+        if self._resume_at is not None:
             shard = shard[self._resume_at[1]:]
-        self._resume_at = None
-        return iter(shard)
+        return with_epoch(shard, self.epoch, self.keyed)
 
 
 class EvalShardSampler(DistributedSampler):

@@ -40,7 +40,7 @@ COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradi
                           "reload_dataloaders_every_n_epochs", "use_distributed_sampler")
 
 
-def why_one_step(config: RunConfig, world_size: int) -> str | None:
+def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -> str | None:
     """Why this run must take one optimizer step per Lightning step (None if it need not)."""
     if world_size > 1:
         return "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"
@@ -52,8 +52,8 @@ def why_one_step(config: RunConfig, world_size: int) -> str | None:
         return "--fast-dev-run runs one batch per stage"
     if config.wants_tuner:
         return "the tuners drive Lightning's own loop"
-    if config.loader != "memory":
-        return "the torchvision loader hands out one batch at a time"
+    if per_sample:
+        return "the recipe reads its samples one by one from load_samples: a batch per Lightning step"
     passed = [key for key in COUNTS_LIGHTNING_STEPS if key in config.trainer]
     if passed:
         return f"--trainer.{passed[0]} counts Lightning steps"
@@ -64,7 +64,7 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
                           datamodule: Any = None) -> tuple[int, str]:
     """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time
     (of the recipe's model on a batch of ``datamodule``'s training split)."""
-    reason = why_one_step(config, world_size)
+    reason = why_one_step(config, world_size, bool(getattr(datamodule, "per_sample", False)))
     if config.steps_per_call != "auto":
         if reason and config.steps_per_call > 1:
             raise UsageError(f"--steps-per-call {config.steps_per_call}: not possible here ({reason}); "
@@ -99,7 +99,8 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
     # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
     datamodule.steps_per_call = k
     # Groups (the module steps itself) wherever K may change: auto may raise a K of 1 as the run goes.
-    datamodule.grouped = k > 1 or (config.steps_per_call == "auto" and why_one_step(config, world_size) is None)
+    datamodule.grouped = k > 1 or (config.steps_per_call == "auto" and why_one_step(config, world_size,
+                                                                             datamodule.per_sample) is None)
     datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
     return k, reason
 

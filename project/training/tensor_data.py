@@ -1,9 +1,11 @@
-"""The engine's ``LightningDataModule``: a dataset held as tensors on the run's device, batched by one gather.
+"""The engine's ``LightningDataModule``: a dataset held as tensors on the run's device, batched by one gather, or
+read sample by sample (files on disk) by DataLoader workers.
 
 A recipe subclasses ``TensorDataModule`` and says what its data is (``input_shape``,
-``num_classes``, the normalisation) and how to load it (``load_tensors``; ``load_samples`` for the
-classic per-sample loader). The split, the samplers that make resume exact, steps per call and
-DDP sharding are the same for every recipe.
+``num_classes``, the normalisation) and how to load it: ``load_tensors`` (the whole split in memory)
+or ``load_samples`` (a per-sample ``Dataset``, e.g. a folder of image files). The split, the
+samplers that make resume exact, steps per call, augmentation seeding and DDP sharding are the
+same for every recipe.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
 
-from project import EVAL_BATCH_SIZE, LOADERS
-from project.errors import DataError, UsageError
+from project import EVAL_BATCH_SIZE
+from project.errors import DataError
 from project.training.plan import eval_batch_size
 from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
@@ -67,6 +69,24 @@ class TensorPairs(Dataset):
         return TensorPairs(self.inputs.to(device), self.targets.to(device))
 
 
+class Augmented(Dataset):
+    """The training split with the recipe's ``augment`` applied per sample, its randomness drawn from a generator
+    seeded by (seed, epoch, index): the same sample is changed the same way in a resumed run, whichever worker
+    reads it. Indexed by the ``(index, epoch)`` keys the training samplers hand out when ``keyed``."""
+
+    def __init__(self, dataset: Dataset, augment: Any, seed: int) -> None:
+        self.dataset, self.augment, self.seed = dataset, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, Any]:
+        index, epoch = key
+        inputs, target = self.dataset[index]
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return self.augment(inputs, generator), target
+
+
 def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Collate for ``TensorPairs``: ``__getitems__`` already returns a whole batch."""
     return batch
@@ -76,10 +96,13 @@ class TensorDataModule(L.LightningDataModule):
     """Train/validation split of a training set (seeded), and a test set; what a subclass provides:
 
     - ``input_shape``, ``num_classes``, ``mean`` and ``std`` (per channel, of the normalisation);
-    - ``load_tensors(train)``: the training or test set as ``(inputs, targets)``, inputs normalised;
+    - ``load_tensors(train)``: the training or test set as ``(inputs, targets)``, inputs normalised, or
+      ``load_samples(train)``: the same as a per-sample ``Dataset`` of unnormalised ``[0, 1]`` inputs (read by
+      ``--num-workers`` DataLoader workers, normalised per batch on the device). A recipe with only
+      ``load_samples`` is read per sample; one with both, from memory;
     - optionally ``prepare_data()`` (check or download files: one clear line for what is wrong),
-      ``load_samples(train)`` (a per-sample ``Dataset`` of unnormalised ``[0, 1]`` inputs, for
-      ``--loader torchvision``), ``read_image(path)`` and ``to_image(inputs)``.
+      ``augment(inputs, generator)`` (per training sample, per-sample recipes; draw randomness from
+      ``generator`` only, so that a resumed run sees the same samples), ``read_image(path)`` and ``to_image``.
     """
 
     input_shape: tuple[int, ...] = ()
@@ -97,11 +120,17 @@ class TensorDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         val_size: int | float | None = None,
         seed: int = 0,
-        loader: str = "memory",
+        per_sample: bool | None = None,
     ) -> None:
         super().__init__()
-        if loader not in LOADERS:
-            raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+        own = type(self)
+        has_tensors, has_samples = (getattr(own, name) is not getattr(TensorDataModule, name)
+                                    for name in ("load_tensors", "load_samples"))
+        if not (has_tensors or has_samples):
+            raise TypeError(f"{own.__name__} must implement load_tensors(train) or load_samples(train)")
+        self.per_sample = not has_tensors if per_sample is None else per_sample
+        if self.per_sample and not has_samples:
+            raise TypeError(f"{own.__name__} has no per-sample dataset (load_samples)")
         self.data_dir = resolve_data_dir(data_dir)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -109,10 +138,6 @@ class TensorDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.val_size = self.default_val_size if val_size is None else val_size
         self.seed = seed
-        self.loader = loader
-        if loader != "memory" and type(self).load_samples is TensorDataModule.load_samples:
-            raise UsageError(f"--loader {loader}: this recipe's {type(self).__name__} has no per-sample dataset "
-                             "(load_samples); use --loader memory")
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -131,7 +156,9 @@ class TensorDataModule(L.LightningDataModule):
 
     def load_samples(self, train: bool) -> Dataset:
         """The same set as a per-sample ``Dataset`` of ``([0, 1] input, class)``; normalised per batch."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement load_samples(train)")
+
+    augment: Any = None  # a method (inputs, generator) -> inputs, in a recipe that augments its training samples
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """``[0, 1]`` inputs ``(..., C, H, W)`` as the network sees them."""
@@ -152,10 +179,17 @@ class TensorDataModule(L.LightningDataModule):
         return torch.tensor(self.mean, device=device).view(shape), torch.tensor(self.std, device=device).view(shape)
 
     def read_image(self, path: str | os.PathLike) -> torch.Tensor:
-        """An image file as one network input: resized to ``input_shape``, normalised (``ImageError`` if unusable)."""
+        """An image file as one network input: resized to ``input_shape``, turned to the training images'
+        polarity, normalised (``ImageError`` if unusable)."""
         from project.results.image_files import read_resized
 
-        return self.normalize(read_resized(path, self.input_shape))
+        return self.normalize(read_resized(path, self.input_shape, self.dark_background()))
+
+    def dark_background(self) -> bool | None:
+        """The training images' polarity, from their mean brightness (``mean``): True for light on dark (below
+        0.4), False for dark on light (above 0.6), None (no inversion) between. Override to state it."""
+        brightness = sum(self.mean) / len(self.mean)
+        return True if brightness < 0.4 else False if brightness > 0.6 else None
 
     # ------------------------------------------------------------------ the engine's side
 
@@ -170,7 +204,7 @@ class TensorDataModule(L.LightningDataModule):
 
     def _load(self, train: bool) -> Dataset:
         self.prepare_data()
-        if self.loader != "memory":
+        if self.per_sample:
             # Per-sample work is the classic path's cost, so samples stay unnormalised; normalising
             # happens once per batch, on the device, in on_after_batch_transfer.
             return self.load_samples(train)
@@ -193,6 +227,8 @@ class TensorDataModule(L.LightningDataModule):
             full = self._load(train=True)
             train, val = split_indices(len(full), self.validation_count(len(full)), self.seed)
             self.train_set = self._materialise(Subset(full, train))
+            if self.per_sample and self.augment is not None:
+                self.train_set = Augmented(self.train_set, self.augment, self.seed)
             self.val_set = self._materialise(Subset(full, val))
         if stage in (None, "test", "predict") and self.test_set is None:
             self.test_set = self._load(train=False)
@@ -228,8 +264,9 @@ class TensorDataModule(L.LightningDataModule):
                               collate_fn=keep_batch)
         sampler: Sampler | None = None
         if shuffle:
-            sampler = self._train_sampler = (EpochShardSampler(dataset, world_size, rank, self.seed)
-                                             if world_size > 1 else EpochShuffleSampler(dataset, self.seed))
+            keyed = isinstance(dataset, Augmented)
+            sampler = self._train_sampler = (EpochShardSampler(dataset, world_size, rank, self.seed, keyed)
+                                             if world_size > 1 else EpochShuffleSampler(dataset, self.seed, keyed))
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
         elif world_size > 1:
@@ -258,7 +295,7 @@ class TensorDataModule(L.LightningDataModule):
             self._train_sampler.k = k
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.loader != "memory":
+        if self.per_sample:
             x, y = batch
             return self.normalize(x), y
         return batch

@@ -28,6 +28,11 @@ MIN_STEPS_PER_EPOCH = 100
 # between the curve's shallow valleys from seed to seed; the edge does not.
 PEAK_SHARE = {"onecycle": 1 / 4, "cosine": 1 / 4, "none": 1 / 10}
 EDGE_TOLERANCE = 1.15
+# Lightning's range test reads its first points low: its running average of the loss (beta 0.98) is
+# debiased by one step too many, so its n-th point is (1 - 0.98^n) / (1 - 0.98^(n+1)) of the loss, half
+# at the first and within 3 % from the 25th. A false "lowest" there would pick an LR far too small.
+SKIP_FIRST = 25
+RANGE_TEST_STEPS = 200
 
 
 def check_tuning(config: RunConfig, world_size: int) -> None:
@@ -88,49 +93,69 @@ def bars_only_on_a_terminal(trainer: L.Trainer) -> Iterator[None]:
 def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
     """The largest batch that fits in memory, up to the one that keeps ``MIN_STEPS_PER_EPOCH``; the
     LR follows by the square-root rule (linear scaling overshoots on a fixed epoch budget)."""
-    start, start_lr = datamodule.batch_size, model.hparams.lr
-    by_steps = 2 ** int(math.log2(max(1, len(datamodule.train_set) // MIN_STEPS_PER_EPOCH)))
-    cap = max(start, min(BATCH_SIZE_CAP, by_steps))
+    given, start_lr = datamodule.batch_size, model.hparams.lr
+    samples = len(datamodule.train_set)
+    by_steps = 2 ** int(math.log2(max(1, samples // MIN_STEPS_PER_EPOCH)))
+    cap = min(BATCH_SIZE_CAP, by_steps)
+    first = datamodule.batch_size = min(given, cap)  # a --batch-size already past the limit starts at the limit
     found = tuner.scale_batch_size(model, datamodule=datamodule, mode="power", steps_per_trial=3,
-                                   init_val=start, max_trials=FINDER_TRIALS, max_val=cap)
-    limits = {f"{cap}, the largest that keeps {MIN_STEPS_PER_EPOCH} optimizer steps per epoch": by_steps,
-              f"its cap, {BATCH_SIZE_CAP}": BATCH_SIZE_CAP, f"its trial limit, {start * 2**FINDER_TRIALS}":
-              start * 2**FINDER_TRIALS}
+                                   init_val=first, max_trials=FINDER_TRIALS, max_val=cap)
+    limits = {f"{by_steps}, the largest power of two that leaves {MIN_STEPS_PER_EPOCH} optimizer steps per epoch "
+              f"of {samples:,} training samples": by_steps,
+              f"its cap, {BATCH_SIZE_CAP}": BATCH_SIZE_CAP,
+              f"its trial limit, {first} x 2^{FINDER_TRIALS}": first * 2**FINDER_TRIALS}
     hit = next((name for name, value in limits.items() if found >= value), None)
     how = f"stopped at {hit}; not a memory limit" if hit else "the largest that fit in memory"
-    model.hparams.lr = start_lr * math.sqrt(found / start)
+    model.hparams.lr = start_lr * math.sqrt(found / given)
     rank_zero_info(f"batch-size finder: --batch-size {found} ({how}); "
-                   f"lr {start_lr:g} x sqrt({found}/{start}) = {model.hparams.lr:.4g}")
+                   f"lr {start_lr:g} x sqrt({found}/{given}) = {model.hparams.lr:.4g}")
 
 
 def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, trainer: L.Trainer) -> None:
     """Lightning's LR range test, read for the run's schedule: a share of the edge where the loss
     turns up, not the steepest-slope point (which sits far below a good one-cycle peak)."""
-    finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-4, max_lr=10.0, num_training=200,
-                           update_attr=False)
+    # The test sweeps min_lr to max_lr over its steps; a small dataset must not end it at the run's epochs.
+    epochs = trainer.fit_loop.max_epochs
+    steps_per_epoch = -(-datamodule.train_size() // datamodule.batch_size)
+    trainer.fit_loop.max_epochs = max(epochs or 1, RANGE_TEST_STEPS // steps_per_epoch + 1)
+    try:
+        finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-4, max_lr=10.0, num_training=RANGE_TEST_STEPS,
+                               update_attr=False)
+    finally:
+        trainer.fit_loop.max_epochs = epochs
     if finder is None:
         return
-    picked = pick_lr(finder.results["lr"], finder.results["loss"], model.hparams.scheduler)
-    if picked is None:
-        rank_zero_info(f"LR finder: every loss was non-finite; keeping lr {model.hparams.lr:g}")
-        return
-    edge, model.hparams.lr = picked
+    lrs = finder.results["lr"]
+    picked = pick_lr(lrs, finder.results["loss"], model.hparams.scheduler)
     plot = run_dir(trainer) / "lr_find.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     figure = finder.plot(suggest=False)
-    figure.axes[0].axvline(model.hparams.lr, color="tab:red", linestyle="--", label=f"chosen {model.hparams.lr:.3g}")
-    figure.axes[0].legend()
+    if picked is None:
+        outcome = "every loss was non-finite"
+    elif picked[0] >= lrs[-1]:  # the test ended before the loss turned up: no edge seen
+        outcome = f"the loss never turned up before the range test's end (lr {lrs[-1]:.3g})"
+    else:
+        edge, model.hparams.lr = picked
+        figure.axes[0].axvline(model.hparams.lr, color="tab:red", linestyle="--",
+                               label=f"chosen {model.hparams.lr:.3g}")
+        figure.axes[0].legend()
+        figure.savefig(plot)
+        rank_zero_info(f"LR finder: loss within {EDGE_TOLERANCE - 1:.0%} of its lowest up to lr {edge:.3g}; using "
+                       f"{model.hparams.lr:.4g} for --scheduler {model.hparams.scheduler} (plot: {plot})")
+        return
     figure.savefig(plot)
-    rank_zero_info(f"LR finder: loss within {EDGE_TOLERANCE - 1:.0%} of its lowest up to lr {edge:.3g}; using "
-                   f"{model.hparams.lr:.4g} for "
-                   f"--scheduler {model.hparams.scheduler} (plot: {plot})")
+    rank_zero_info(f"LR finder: {outcome}; keeping lr {model.hparams.lr:.4g} (plot: {plot})")
 
 
 def pick_lr(lrs: list[float], losses: list[float], scheduler: str) -> tuple[float, float] | None:
-    """``(edge, lr)`` from an LR range test's curve (None when no loss was finite)."""
-    finite = [(loss, lr) for lr, loss in zip(lrs, losses, strict=True) if math.isfinite(loss)]
-    if not finite:
+    """``(edge, lr)`` from an LR range test's curve (None when no loss was finite): the edge is the largest LR
+    whose smoothed loss is within ``EDGE_TOLERANCE`` of the lowest, before the first non-finite loss (past it
+    nothing the test read means anything; a spike that the loss recovers from is no edge)."""
+    points = list(zip(lrs, losses, strict=True))[SKIP_FIRST:]
+    first_bad = next((i for i, (_, loss) in enumerate(points) if not math.isfinite(loss)), len(points))
+    points = points[:first_bad]
+    if not points:
         return None
-    lowest = min(finite)[0]
-    edge = max(lr for loss, lr in finite if loss <= EDGE_TOLERANCE * lowest)
+    lowest = min(loss for _, loss in points)
+    edge = max(lr for lr, loss in points if loss <= EDGE_TOLERANCE * lowest)
     return edge, edge * PEAK_SHARE[scheduler]

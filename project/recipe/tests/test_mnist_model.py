@@ -1,4 +1,4 @@
-"""The plain MLP and its export into the article's own nn.Sequential."""
+"""The article's MLP and its export into the article's own nn.Sequential."""
 
 import pytest
 import torch
@@ -62,25 +62,3 @@ def test_exported_deeper_model_round_trips(tmp_path):
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(classifier(x), model(x), atol=1e-4, rtol=1e-4)
-
-
-def test_worst_mistakes_work_with_any_shard_size():
-    from project.results.tensorboard_figures import WorstMistakes
-
-    class OneProcess:  # what compute() needs of a LightningModule
-        device = torch.device("cpu")
-        trainer = type("T", (), {"world_size": 1})()
-
-    worst = WorstMistakes(k=32)
-    worst.input_shape, worst.num_classes = (1, 28, 28), 10
-    none_seen = worst.compute(OneProcess())
-    assert len(none_seen["inputs"]) == 0  # a rank with no test images at all
-    images = torch.zeros(5, 1, 28, 28)
-    targets = torch.tensor([0, 1, 2, 3, 4])
-    log_probs = torch.log_softmax(torch.eye(10)[[0, 1, 2, 3, 9]] * 5, dim=1)  # only the last one is wrong
-    worst.update(images, log_probs, targets)
-    found = worst.compute(OneProcess())
-    assert found["true"].tolist() == [4] and found["predicted"].tolist() == [9]  # fewer than k, none padded in
-    worst.reset()
-    worst.update(images[:4], log_probs[:4], targets[:4])
-    assert len(worst.compute(OneProcess())["inputs"]) == 0  # none wrong

@@ -1,0 +1,33 @@
+"""A small CNN that returns logits (cross-entropy, the default loss)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from project.training.classifier import ClassifierModule
+
+CLASSES = 3
+
+
+class ShapesCNN(nn.Module):
+    def __init__(self, channels: Sequence[int] = (8, 16)) -> None:
+        super().__init__()
+        first, second = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(3, first, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(first, second, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+        )
+        self.head = nn.Linear(second * 4, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class LitShapes(ClassifierModule):
+    def __init__(self, channels: Sequence[int] = (8, 16), **training: Any) -> None:
+        super().__init__(ShapesCNN(channels), num_classes=CLASSES, **training)
+        self.save_hyperparameters({"channels": [int(c) for c in channels]}, logger=False)
