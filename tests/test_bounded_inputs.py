@@ -94,6 +94,14 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
         assert done.returncode == 2 and flag in one_line_error(done.stderr, script), done.stderr
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder no user can write in")
+def test_an_output_folder_the_filesystem_refuses_is_one_line(tmp_path):
+    """Permission checks pass for root on /proc; the write itself fails, and that is said in one line too."""
+    data = make_tiny_data(tmp_path / "data")
+    done = finishes("benchmark.py", "--data-dir", str(data), "--out", "/proc/benchmark-results", "--limit", "64")
+    assert done.returncode == 2 and "cannot make the folder" in one_line_error(done.stderr, "benchmark.py")
+
+
 def test_a_reader_that_goes_away_stops_no_run(tmp_path):
     """``train.py | head -1``: the head reads the test metrics and leaves; the run still writes everything."""
     data = make_tiny_data(tmp_path / "data")

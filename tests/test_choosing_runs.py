@@ -178,6 +178,15 @@ def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
     check_same_training({"val_size": None}, RunConfig(val_size=40), tmp_path)  # the recipe's own default
     with pytest.raises(UserError, match="--val-size 30: the checkpoint's run trained with --val-size 40"):
         check_same_training({"val_size": None}, RunConfig(val_size=30), tmp_path)
+    # Lightning's defaults, given explicitly: all the batches (1.0), one batch a step, no step limit.
+    check_same_training({"trainer": {}}, RunConfig(trainer={"limit_train_batches": 1.0, "accumulate_grad_batches": 1,
+                                                            "max_steps": -1}), tmp_path)
+    with pytest.raises(UserError, match=r"--trainer.limit_train_batches 1: .* trained with "
+                                        r"--trainer.limit_train_batches 1.0"):
+        check_same_training({"trainer": {}}, RunConfig(trainer={"limit_train_batches": 1}), tmp_path)  # one batch
+    # ... nor a smoke test: only a limit that limits something marks the run as one.
+    runs.start_record(tmp_path, {"limit_train_batches": 1.0, "max_steps": -1, "limit_val_batches": 2}, resumed=False)
+    assert runs.read_record(tmp_path)["limited"] == ["limit_val_batches"]
 
 
 def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_path):

@@ -166,7 +166,7 @@ CHANGES = [
      "--scheduler none: the checkpoint's run trained with --scheduler onecycle"),
     ({"max_epochs": 3}, "--max-epochs 3: the checkpoint's run trained with --max-epochs 1"),
     ({"trainer": {"accumulate_grad_batches": 2}},
-     "--trainer.accumulate_grad_batches 2: the checkpoint's run trained with --trainer.accumulate_grad_batches (not"),
+     "--trainer.accumulate_grad_batches 2: the checkpoint's run trained with --trainer.accumulate_grad_batches 1,"),
 ]
 
 

@@ -123,6 +123,11 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
     k, why = choose_steps_per_call(RunConfig(devices=2, accelerator="cpu"), 2, cpu)
     assert k == 1 and "DDP" in why
     assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == (1, "as asked")
+    # Lightning's own defaults, given explicitly, count nothing: all the batches (1.0), no step limit.
+    defaults = {"limit_train_batches": 1.0, "max_steps": -1, "accumulate_grad_batches": 1}
+    assert choose_steps_per_call(RunConfig(steps_per_call=8, trainer=defaults), 1, cpu) == (8, "as asked")
+    with pytest.raises(UsageError, match=r"--trainer.limit_train_batches counts Lightning steps"):
+        choose_steps_per_call(RunConfig(steps_per_call=8, trainer={"limit_train_batches": 1}), 1, cpu)  # one batch
 
 
 @pytest.mark.parametrize(("written_with", "k"), [(1, 1), (1, 8), (8, 1)])

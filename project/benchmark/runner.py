@@ -19,7 +19,7 @@ import torch
 
 from project.benchmark import loops as bench_loops
 from project.config.schema import RECIPE
-from project.errors import UsageError
+from project.errors import UsageError, UserError
 from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
 from project.training.console import quiet_known_warnings
@@ -76,7 +76,10 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "steps_per_epoch": data.steps(1, args.batch_size),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [],
     }
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {out}: cannot make the folder ({err.strerror})") from None
     print(_header(results), flush=True)
     for key in wanted:
         print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
@@ -169,8 +172,11 @@ def _markdown(results: dict[str, Any]) -> str:
 
 
 def _write(results: dict[str, Any], out: Path) -> None:
-    (out / "benchmark.json").write_text(json.dumps(results, indent=2))
-    (out / "benchmark.md").write_text(_markdown(results))
+    try:
+        (out / "benchmark.json").write_text(json.dumps(results, indent=2))
+        (out / "benchmark.md").write_text(_markdown(results))
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot write the results ({err.strerror})") from None
 
 
 def report(results: dict[str, Any], out: Path) -> None:
@@ -186,6 +192,10 @@ def report(results: dict[str, Any], out: Path) -> None:
     ax.set_xlabel("median epoch time (s), lower is better")
     ax.set_title(f"{results['recipe']}, batch {results['batch_size']}, {results['device']}, {results['precision']}")
     fig.tight_layout()
-    fig.savefig(out / "benchmark.png", dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(out / "benchmark.png", dpi=120)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot write the chart ({err.strerror})") from None
+    finally:
+        plt.close(fig)
     print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}", file=sys.stderr)

@@ -45,6 +45,32 @@ def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
+# What Lightning documents a ``None`` default of these to mean.
+NONE_MEANS = {"limit_train_batches": 1.0, "limit_val_batches": 1.0, "limit_test_batches": 1.0,
+              "limit_predict_batches": 1.0, "gradient_clip_algorithm": "norm", "val_check_interval": 1.0}
+
+
+def trainer_default(key: str) -> Any:
+    """What ``lightning.Trainer`` uses for ``key`` when it is not given: a value given equal to it changes nothing."""
+    from lightning.pytorch import Trainer
+
+    parameter = inspect.signature(Trainer.__init__).parameters.get(key)
+    default = None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+    return NONE_MEANS.get(key) if default is None else default
+
+
+def same_trainer_value(key: str, first: Any, second: Any) -> bool:
+    """Whether two values of a Trainer argument ask for the same (``limit_*`` 1 is one batch, 1.0 all of them)."""
+    if key.startswith("limit_") or key == "val_check_interval":
+        return first == second and isinstance(first, float) == isinstance(second, float)
+    return first == second
+
+
+def changes_the_default(key: str, values: dict[str, Any]) -> bool:
+    """Whether ``values`` gives ``key`` a value other than the one the Trainer would use without it."""
+    return key in values and not same_trainer_value(key, values[key], trainer_default(key))
+
+
 def parse_text(text: str) -> Any:
     """A command-line value as YAML reads it: ``0.5`` a float, ``true`` a bool, ``null`` None, ``simple`` a string."""
     import yaml

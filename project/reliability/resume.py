@@ -13,6 +13,7 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.config.schema import RECIPE, RunConfig
+from project.config.trainer_args import same_trainer_value, trainer_default
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import runs
 from project.reliability.checkpointing import read_checkpoint
@@ -98,8 +99,11 @@ def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) ->
     differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
                  if key in saved and saved[key] != now.get(key)]
     saved_trainer, trainer = saved.get("trainer", {}), config.trainer
-    differing += [(f"--trainer.{key}", saved_trainer.get(key), trainer.get(key)) for key in TRAINED_TRAINER_ARGS
-                  if saved and saved_trainer.get(key) != trainer.get(key)]
+    for key in TRAINED_TRAINER_ARGS:
+        default = trainer_default(key)
+        before, after = saved_trainer.get(key, default), trainer.get(key, default)
+        if saved and not same_trainer_value(key, before, after):
+            differing.append((f"--trainer.{key}", before, after))
     if differing:
         flag, before, after = differing[0]
         raise UserError(f"{flag} {_shown(after)}: the checkpoint's run trained with {flag} {_shown(before)}, and a "

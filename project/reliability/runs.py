@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
 
 RECORD = "run.json"
@@ -53,7 +54,7 @@ def write_record(folder: Path, **changes: Any) -> None:
 
 def start_record(folder: Path, trainer_args: dict[str, Any], resumed: bool) -> None:
     """A new run's record, or a resumed one's set running again."""
-    limited = sorted(key for key in LIMITS if key in trainer_args)
+    limited = sorted(key for key in LIMITS if changes_the_default(key, trainer_args))
     changes: dict[str, Any] = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
                                "limited": limited, "error": None}
     if not resumed or "started" not in read_record(folder):

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from project.config.schema import RunConfig
+from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
 from project.training.callbacks import LoggedLossBar
 from project.training.device_step import advance_schedule
@@ -54,7 +55,7 @@ def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -
         return "the tuners drive Lightning's own loop"
     if per_sample:
         return "the recipe reads its samples one by one from load_samples: a batch per Lightning step"
-    passed = [key for key in COUNTS_LIGHTNING_STEPS if key in config.trainer]
+    passed = [key for key in COUNTS_LIGHTNING_STEPS if changes_the_default(key, config.trainer)]
     if passed:
         return f"--trainer.{passed[0]} counts Lightning steps"
     return None
