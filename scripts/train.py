@@ -9,12 +9,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.config.cli import parse_run_config  # noqa: E402  (light: no torch)
+from project.config.cli import parse_run_command  # noqa: E402  (light: no torch)
 from project.config.schema import RunConfig  # noqa: E402
 from project.errors import run_cli, say  # noqa: E402
 
 
-def main(config: RunConfig, started: float) -> int:
+def main(config: RunConfig, given: frozenset[str], started: float) -> int:
+    if config.resume:
+        from project.reliability.resume import adopt_run_settings
+
+        config = adopt_run_settings(config, given)
     if config.print_config:
         import yaml
 
@@ -36,5 +40,5 @@ def main(config: RunConfig, started: float) -> int:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    config = parse_run_config()
-    run_cli(lambda: main(config, started), "train.py", debug=config.debug)
+    config, given = parse_run_command()
+    run_cli(lambda: main(config, given, started), "train.py", debug=config.debug)

@@ -116,6 +116,34 @@ def test_csv_logs_keep_their_rows_over_a_resume(data, tmp_path):
     assert rows(resumed.run_dir) == rows(reference.run_dir)  # epoch 0's val/acc included
 
 
+def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_path, capsys):
+    """As Lightning's ``ckpt_path="last"``: a resume needs no flags repeated; the settings the command leaves unset
+    are the run's own, and one it gives differently is still refused."""
+    from project.config.cli import parse_run_command
+    from project.reliability.resume import adopt_run_settings
+
+    settings = {**SHORT, "seed": 3, "lr": 0.05, "scheduler": "cosine", "max_epochs": 3, "checkpoint_every_n_steps": 3,
+                "trainer": {"enable_progress_bar": False, "gradient_clip_val": 0.5}}
+    uninterrupted = train(tiny_config(data, tmp_path / "uninterrupted", **settings))
+    with pytest.raises(Terminated):
+        train(tiny_config(data, tmp_path / "stopped", **settings), callbacks=[SignalAtStep(9)])
+    command = ["--data-dir", str(data), "--logdir", str(tmp_path / "stopped"), "--accelerator", "cpu",
+               "--steps-per-call", "1", "--trainer.enable_progress_bar", "false", "--resume", "last"]
+    config = adopt_run_settings(*parse_run_command(command))
+    assert (config.seed, config.lr, config.scheduler, config.max_epochs, config.batch_size, config.val_size,
+            config.trainer["gradient_clip_val"]) == (3, 0.05, "cosine", 3, 32, 40, 0.5)
+    said = capsys.readouterr().err
+    assert all(f"{flag}," in said for flag in ("--lr 0.05", "--seed 3", "--max-epochs 3")) and "precision" not in said
+    resumed = train(config)
+    weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)
+    reference = torch.load(uninterrupted.run_dir / "model.pth", weights_only=True)
+    assert all(torch.equal(weights[key], reference[key]) for key in reference)
+    changed = adopt_run_settings(*parse_run_command([*command, "--seed", "4"]))
+    assert changed.seed == 4 and changed.lr == 0.05  # what the command gives is kept: the resume refuses it
+    with pytest.raises(UserError, match="--seed 4: the checkpoint's run trained with --seed 3"):
+        train(changed)
+
+
 def test_a_checkpoint_without_the_run_record_is_still_checked(data, tmp_path):
     """Written before checkpoints held the run's settings: its hyperparameters say what it trained with."""
     result = train(tiny_config(data, tmp_path, **SHORT))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
-from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config
+from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, given_settings, load_yaml, resolve_config
 from project.config.validators import (
     count_or_auto,
     flag,
@@ -118,6 +118,12 @@ def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
 
 def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") -> RunConfig:
     """Defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``."""
+    return parse_run_command(argv, prog)[0]
+
+
+def parse_run_command(argv: Sequence[str] | None = None, prog: str = "train.py") -> tuple[RunConfig, frozenset[str]]:
+    """The run's ``RunConfig``, and the settings the command named (flags, config file keys): a resume takes the
+    others from the run it continues."""
     parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -128,7 +134,7 @@ def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") 
         if config_file:
             layers.append((load_yaml(config_path(config_file), f"--config {config_file}"), f"--config {config_file}"))
         layers.append(({**given, "trainer": trainer}, ""))
-        return resolve_config(layers)
+        return resolve_config(layers), given_settings(layers)
     except UsageError as err:
         parser.error(str(err))
 

@@ -266,6 +266,16 @@ def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
     return RunConfig(**settings, trainer=passthrough)
 
 
+def given_settings(layers: list[tuple[Mapping[str, Any], str]]) -> frozenset[str]:
+    """The settings these layers name (a Trainer argument as ``trainer.KEY``): what a resume must not take from
+    the run it continues."""
+    names: set[str] = set()
+    for values, source in layers:
+        layer, trainer = _checked_layer(values, source)
+        names.update(layer, (f"trainer.{key}" for key in trainer))
+    return frozenset(names)
+
+
 def _label(source: str, key: str, trainer: bool = False) -> str:
     if source:
         return f"{source}: {'trainer.' if trainer else ''}{key}"

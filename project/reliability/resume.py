@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,17 +52,9 @@ class Resume:
 def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> Resume | None:
     """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
     schedule of another length is one line before any run folder exists (``train_size``: training images)."""
-    if not config.resume:
+    path = _checkpoint_named(config)
+    if path is None:
         return None
-    if config.resume == "auto":  # slurm/train.sbatch: the job's own folder, once it has a checkpoint
-        if not config.run_version:
-            raise UsageError("--resume auto continues the run --run-version names (as slurm/train.sbatch does); "
-                             "add --run-version NAME")
-        path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
-        if not path.is_file():
-            return None
-    else:
-        path, _ = runs.checkpoint_of(config.resume, config.logdir, config.name, "--resume")
     if config.wants_tuner:
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
@@ -70,10 +64,7 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
         raise UserError(f"{path}: written by Lightning {written_by}, whose training loops kept another state; a "
                         "resume needs a checkpoint of Lightning 2: start a new run from its weights with --init-from")
     record = checkpoint.get("run_record", {})
-    # A checkpoint written before runs recorded their settings: check what its hyperparameters say of them.
-    trained = record.get("config") or {key: value for key, value in checkpoint["hyper_parameters"].items()
-                                       if key in TRAINED}
-    check_same_training(trained, config, path)
+    check_same_training(_trained_with(checkpoint), config, path)
     saved_world = (data_position(checkpoint) or {}).get("world_size")
     if saved_world is not None and saved_world != world_size:
         raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
@@ -84,6 +75,53 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
     if total is not None and train_size is not None:
         check_schedule_length(total, planned_steps(config, train_size, world_size))
     return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)))
+
+
+def _checkpoint_named(config: RunConfig) -> Path | None:
+    """The checkpoint ``--resume`` names (None: nothing to resume, or ``auto`` before the job's first checkpoint)."""
+    if not config.resume:
+        return None
+    if config.resume == "auto":  # slurm/train.sbatch: the job's own folder, once it has a checkpoint
+        if not config.run_version:
+            raise UsageError("--resume auto continues the run --run-version names (as slurm/train.sbatch does); "
+                             "add --run-version NAME")
+        path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
+        return path if path.is_file() else None
+    return Path(runs.checkpoint_of(config.resume, config.logdir, config.name, "--resume")[0])
+
+
+def _trained_with(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The settings the checkpoint's run trained with; for a checkpoint written before runs recorded them, what its
+    hyperparameters say of them."""
+    record = checkpoint.get("run_record", {})
+    return record.get("config") or {key: value for key, value in checkpoint.get("hyper_parameters", {}).items()
+                                    if key in TRAINED}
+
+
+def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
+    """A resume continues its run: each setting that defines the training and that the command (flags, config file)
+    leaves unset is the run's own, so ``--resume last`` alone continues it; one given differently is refused later."""
+    path = _checkpoint_named(config)
+    if path is None:
+        return config
+    saved = _trained_with(read_checkpoint(path))
+    changes = {key: saved[key] for key in (*TRAINED, "max_epochs") if key in saved and key not in given}
+    saved_trainer = saved.get("trainer") or {}
+    trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
+                  if key in saved_trainer and f"trainer.{key}" not in given}, **config.trainer}
+    adopted = config.replace(**changes, trainer=trainer)
+    differing = [f"--{key.replace('_', '-')} {_shown(value)}" for key, value in changes.items()
+                 if value != getattr(config, key) and not (key == "precision" and full_precision(value) ==
+                                                           full_precision(config.precision))]
+    differing += [f"--trainer.{key} {_shown(value)}" for key, value in trainer.items() if key not in config.trainer]
+    if differing:
+        _say(f"resuming {path} with its run's settings: {', '.join(differing)}")
+    return adopted
+
+
+@rank_zero_only
+def _say(text: str) -> None:
+    print(f"train.py: {text}", file=sys.stderr)
 
 
 def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
