@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import fill_file_system  # noqa: E402
-from project.config.cli import parse_run_config  # noqa: E402
+from project.config.cli import parse_run_command  # noqa: E402
 from project.contract import recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 from project.training import run  # noqa: E402
@@ -81,7 +81,7 @@ class FillDiskAt(StopAt):
 
 
 def main() -> int:
-    config = parse_run_config()
+    config, given = parse_run_command()
     callbacks = []
     if "FAIL_RANK" in os.environ:
         callbacks.append(FailAt(int(os.environ["FAIL_RANK"]), int(os.environ["FAIL_STEP"])))
@@ -104,7 +104,7 @@ def main() -> int:
     train_script = _load_train_script()
     plain_train = run.train
     run.train = lambda config, **kwargs: plain_train(config, **kwargs, callbacks=callbacks)
-    run_cli(lambda: train_script.main(config, time.perf_counter()), "train.py", debug=config.debug)
+    run_cli(lambda: train_script.main(config, given, time.perf_counter()), "train.py", debug=config.debug)
     return 0
 
 
