@@ -129,6 +129,9 @@ MUTANTS = (
     Mutant("lr-finder-reads-the-debiased-start", "--find-lr picks an LR the run trains with",
            "project/training/tuning.py", "SKIP_FIRST = 25", "SKIP_FIRST = 0",
            ("tests/test_gpu_toolkit.py::test_the_lr_finder_picks_a_share_of_where_the_loss_turns_up",)),
+    Mutant("resume-forgets-the-runs-settings", "--resume last alone continues the run with its own settings",
+           "project/reliability/resume.py", "if key in saved and key not in given}", "if False}",
+           ("tests/test_choosing_runs.py::test_resume_last_alone_continues_the_run_with_its_own_settings",)),
 )
 
 
