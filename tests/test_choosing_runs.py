@@ -116,7 +116,7 @@ def test_csv_logs_keep_their_rows_over_a_resume(data, tmp_path):
     assert rows(resumed.run_dir) == rows(reference.run_dir)  # epoch 0's val/acc included
 
 
-def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_path, capsys):
+def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_path, caplog):
     """As Lightning's ``ckpt_path="last"``: a resume needs no flags repeated; the settings the command leaves unset
     are the run's own, and one it gives differently is still refused."""
     from project.config.cli import parse_run_command
@@ -129,10 +129,11 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
         train(tiny_config(data, tmp_path / "stopped", **settings), callbacks=[SignalAtStep(9)])
     command = ["--data-dir", str(data), "--logdir", str(tmp_path / "stopped"), "--accelerator", "cpu",
                "--steps-per-call", "1", "--trainer.enable_progress_bar", "false", "--resume", "last"]
-    config = adopt_run_settings(*parse_run_command(command))
+    with caplog.at_level("INFO", logger="lightning.pytorch"):
+        config = adopt_run_settings(*parse_run_command(command))
     assert (config.seed, config.lr, config.scheduler, config.max_epochs, config.batch_size, config.val_size,
             config.trainer["gradient_clip_val"]) == (3, 0.05, "cosine", 3, 32, 40, 0.5)
-    said = capsys.readouterr().err
+    said = caplog.text
     assert all(f"{flag}," in said for flag in ("--lr 0.05", "--seed 3", "--max-epochs 3")) and "precision" not in said
     resumed = train(config)
     weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,8 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "steps_per_epoch": data.steps(1, args.batch_size),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [],
     }
-    try:
+    with _writing(out, "make the folder", UsageError):
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"--out {out}: cannot make the folder ({err.strerror})") from None
     print(_header(results), flush=True)
     for key in wanted:
         print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
@@ -171,12 +170,19 @@ def _markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(results: dict[str, Any], out: Path) -> None:
+@contextlib.contextmanager
+def _writing(out: Path, what: str, error: type[UserError] = UserError) -> Iterator[None]:
+    """A folder the filesystem refuses (full, read-only, /proc) is one line naming ``--out``."""
     try:
+        yield
+    except OSError as err:
+        raise error(f"--out {out}: cannot {what} ({err.strerror})") from None
+
+
+def _write(results: dict[str, Any], out: Path) -> None:
+    with _writing(out, "write the results"):
         (out / "benchmark.json").write_text(json.dumps(results, indent=2))
         (out / "benchmark.md").write_text(_markdown(results))
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot write the results ({err.strerror})") from None
 
 
 def report(results: dict[str, Any], out: Path) -> None:
@@ -193,9 +199,8 @@ def report(results: dict[str, Any], out: Path) -> None:
     ax.set_title(f"{results['recipe']}, batch {results['batch_size']}, {results['device']}, {results['precision']}")
     fig.tight_layout()
     try:
-        fig.savefig(out / "benchmark.png", dpi=120)
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot write the chart ({err.strerror})") from None
+        with _writing(out, "write the chart"):
+            fig.savefig(out / "benchmark.png", dpi=120)
     finally:
         plt.close(fig)
     print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'}, {out / 'benchmark.png'}", file=sys.stderr)

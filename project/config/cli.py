@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
-from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, given_settings, load_yaml, resolve_config
+from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config_and_given
 from project.config.validators import (
     count_or_auto,
     flag,
@@ -134,7 +134,7 @@ def parse_run_command(argv: Sequence[str] | None = None, prog: str = "train.py")
         if config_file:
             layers.append((load_yaml(config_path(config_file), f"--config {config_file}"), f"--config {config_file}"))
         layers.append(({**given, "trainer": trainer}, ""))
-        return resolve_config(layers), given_settings(layers)
+        return resolve_config_and_given(layers)
     except UsageError as err:
         parser.error(str(err))
 

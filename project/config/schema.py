@@ -253,6 +253,12 @@ def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
     ``Trainer`` arguments; those that are first-class settings are moved to them, and a layer
     that gives both differently is refused.
     """
+    return resolve_config_and_given(layers)[0]
+
+
+def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]]) -> tuple[RunConfig, frozenset[str]]:
+    """``resolve_config``, and the settings the layers name (a Trainer argument as ``trainer.KEY``): what a resume
+    must not take from the run it continues."""
     settings: dict[str, Any] = {}
     passthrough: dict[str, Any] = {}
     for values, source in layers:
@@ -263,17 +269,8 @@ def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
         from project.config.trainer_args import check_trainer_args  # imports Lightning: only when needed
 
         passthrough = check_trainer_args(passthrough)
-    return RunConfig(**settings, trainer=passthrough)
-
-
-def given_settings(layers: list[tuple[Mapping[str, Any], str]]) -> frozenset[str]:
-    """The settings these layers name (a Trainer argument as ``trainer.KEY``): what a resume must not take from
-    the run it continues."""
-    names: set[str] = set()
-    for values, source in layers:
-        layer, trainer = _checked_layer(values, source)
-        names.update(layer, (f"trainer.{key}" for key in trainer))
-    return frozenset(names)
+    given = frozenset([*settings, *(f"trainer.{key}" for key in passthrough)])
+    return RunConfig(**settings, trainer=passthrough), given
 
 
 def _label(source: str, key: str, trainer: bool = False) -> str:

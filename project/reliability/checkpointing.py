@@ -165,10 +165,11 @@ class RunRecord(Callback):
             logger.save()
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a ``.ckpt`` of this project safely, or say in one line why it cannot be used."""
+def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """Load a ``.ckpt`` of this project safely, or say in one line why it cannot be used (``mmap``: tensors are read
+    only when touched, for a caller that wants the settings, not the weights)."""
     path = Path(path)
-    state = _load(path)
+    state = _load(path, mmap)
     if not isinstance(state, dict) or "state_dict" not in state or "hyper_parameters" not in state:
         raise CheckpointError(f"{path}: not a Lightning checkpoint of this project (no state_dict/hyper_parameters)")
     if not any(key.startswith("model.") for key in state["state_dict"]):
@@ -185,7 +186,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path, mmap: bool = False) -> Any:
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
     if path.is_dir():
@@ -193,7 +194,7 @@ def _load(path: Path) -> Any:
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: empty file")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except PermissionError:
         raise CheckpointError(f"{path}: no permission to read it") from None
     except Exception as err:  # noqa: BLE001 - torch.load fails in many ways; each means the same to the user

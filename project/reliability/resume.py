@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from project.config.schema import RECIPE, RunConfig
 from project.config.trainer_args import same_trainer_value, trainer_default
@@ -104,7 +103,7 @@ def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
     path = _checkpoint_named(config)
     if path is None:
         return config
-    saved = _trained_with(read_checkpoint(path))
+    saved = _trained_with(read_checkpoint(path, mmap=True))  # its settings: the weights are read by the resume
     changes = {key: saved[key] for key in (*TRAINED, "max_epochs") if key in saved and key not in given}
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
@@ -115,13 +114,8 @@ def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
                                                            full_precision(config.precision))]
     differing += [f"--trainer.{key} {_shown(value)}" for key, value in trainer.items() if key not in config.trainer]
     if differing:
-        _say(f"resuming {path} with its run's settings: {', '.join(differing)}")
+        rank_zero_info(f"resuming {path} with its run's settings: {', '.join(differing)}")
     return adopted
-
-
-@rank_zero_only
-def _say(text: str) -> None:
-    print(f"train.py: {text}", file=sys.stderr)
 
 
 def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:

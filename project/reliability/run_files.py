@@ -205,11 +205,7 @@ def remove_partial_files(folder: Path) -> None:
 
 def finished_results(folder: Path) -> dict[str, Any] | None:
     """A run is finished once its ``results.json`` names weights that exist; those results."""
-    path = folder / "results.json"
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    results = runs.read_results(folder)
     weights = results.get("weights")
     return results if weights and Path(weights).is_file() else None
 

@@ -34,10 +34,16 @@ BEST_NAME = re.compile(r"acc(\d+\.\d+)")
 
 def read_record(folder: Path) -> dict[str, Any]:
     """The run's ``run.json`` (empty for a folder written before runs kept one, or unreadable)."""
+    return _read_mapping(folder / RECORD)
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON file's mapping; empty when it is missing, damaged or not a mapping (the caller falls back)."""
     try:
-        return json.loads((folder / RECORD).read_text())
+        values = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return values if isinstance(values, dict) else {}
 
 
 def write_record(folder: Path, **changes: Any) -> None:
@@ -172,9 +178,9 @@ class RunInfo:
         return bool(self.limited)
 
     def describe(self) -> str:
-        if self.state == "stopped" or self.state == "killed":
-            how = "killed" if self.state == "killed" else "stopped"
-            text = f"{how} at step {self.step}" if self.step is not None else f"{how} before its first checkpoint"
+        if self.state in ("stopped", "killed"):
+            text = f"{self.state} at step {self.step}" if self.step is not None else \
+                f"{self.state} before its first checkpoint"
         elif self.state == "failed":
             text = "failed" + (f": {self.error}" if self.error else "")
         else:
@@ -184,7 +190,7 @@ class RunInfo:
 
 def run_info(folder: Path) -> RunInfo:
     record = read_record(folder)
-    results = _results(folder)
+    results = read_results(folder)
     state = record.get("state", "finished" if results.get("weights") else "unfinished")
     if state == "running" and not is_locked(folder):
         state = "killed"
@@ -226,7 +232,7 @@ def best_checkpoint(folder: Path, record: dict[str, Any] | None = None,
     in the file names (runs written before ``run.json``); None if it has none."""
     checkpoints = folder / "checkpoints"
     for source in (record if record is not None else read_record(folder),
-                   results if results is not None else _results(folder)):
+                   results if results is not None else read_results(folder)):
         named = source.get("best_checkpoint")
         if named and (checkpoints / Path(named).name).is_file():  # a moved folder: the same file, here
             return checkpoints / Path(named).name
@@ -256,12 +262,9 @@ def _is_run(folder: Path) -> bool:
     return any((folder / marker).exists() for marker in (RECORD, "checkpoints", "config.yaml", "results.json"))
 
 
-def _results(folder: Path) -> dict[str, Any]:
-    try:
-        results = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return results if isinstance(results, dict) else {}
+def read_results(folder: Path) -> dict[str, Any]:
+    """The run's ``results.json`` (empty until its test is done, or unreadable)."""
+    return _read_mapping(folder / "results.json")
 
 
 def _first_written(folder: Path) -> float:
