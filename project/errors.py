@@ -10,6 +10,8 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from project.secrets import redact
+
 
 class UserError(Exception):
     """A mistake the user can fix (bad flag, missing file); reported without a traceback."""
@@ -71,11 +73,11 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
         gc.freeze()
     except UserError as err:
         if debug:
-            traceback.print_exc()
+            print(redact(traceback.format_exc()).rstrip(), file=sys.stderr)
         # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
         if not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
             prefix = getattr(err, "prefix", "error: ") if err.exit_code else ""
-            print(f"{prog}: {prefix}{err}", file=sys.stderr)
+            print(f"{prog}: {prefix}{redact(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -95,8 +97,9 @@ def stdout_gone() -> None:
 
 
 def say(text: str) -> None:
-    """Print a result line; a reader that went away (``train.py | head -1``) stops no run: the rest is in files."""
+    """Print a result line (credentials masked); a reader that went away (``train.py | head -1``) stops no run:
+    the rest is in files."""
     try:
-        print(text, flush=True)
+        print(redact(text), flush=True)
     except BrokenPipeError:
         stdout_gone()

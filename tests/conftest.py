@@ -46,8 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
 
 
-# srun's test compares with the uninterrupted 2-rank run: one worker holds both, and trains that run once.
-SHARES_A_WORKER_WITH = {"slurm": "uninterrupted_ddp"}
+# srun's test compares with the uninterrupted 2-rank run: one worker holds both, and trains that run once; the
+# PostgreSQL server is started once, for the sweeps' storages and the tests that use it directly.
+SHARES_A_WORKER_WITH = {"slurm": "uninterrupted_ddp", "postgres": "storage"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -55,7 +56,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``), the tests of one shared run go to one worker, so each
     session-wide run is trained once; slow tests are handed out first, so the quick ones fill the gaps at the end."""
     for item in items:
-        for fixture in ("trained", "slurm", "uninterrupted_ddp", "storage", "second_recipe"):
+        for fixture in ("trained", "slurm", "uninterrupted_ddp", "storage", "postgres", "second_recipe"):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(SHARES_A_WORKER_WITH.get(fixture, fixture)))
                 break

@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import TIMED, TINY, TRAIN, event_accumulator, make_tiny_data, one_line_error, run_script, tiny_config
+from helpers import TIMED, TINY, TRAIN, make_tiny_data, one_line_error, run_script, tiny_config
 from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.reliability import runs
 from project.training.run import train
@@ -165,14 +165,6 @@ def test_one_file_for_both_exports_and_bad_run_versions_are_refused_before_anyth
         assert done.returncode == 2
         assert "--run-version" in one_line_error(done.stderr)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "l").exists() and not (tmp_path / "abs").exists()
-
-
-def test_no_password_reaches_tensorboard(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["sweep.py", "--storage", "postgresql://ann:hunter2@db:5432/optuna"])
-    result = train(tiny_config(data, tmp_path, **{**SHORT, "max_epochs": 1}))
-    command = event_accumulator(result.run_dir).Tensors("run/command/text_summary")[0].tensor_proto.string_val[0]
-    assert b"postgresql://ann:***@db:5432/optuna" in command
-    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
 
 
 def test_sighup_stops_a_run_where_it_can_resume(data, tmp_path):

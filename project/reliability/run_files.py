@@ -19,8 +19,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.reliability import runs
-from project.reliability.secrets import redact
 from project.results.tensorboard_figures import tensorboard_of
+from project.secrets import redact, redact_values
 from project.training.build import run_dir
 
 RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
@@ -216,13 +216,14 @@ def save_config(trainer: L.Trainer, config: RunConfig) -> Path:
 
     path = run_dir(trainer) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config.to_mapping(), sort_keys=False))
+    path.write_text(yaml.safe_dump(redact_values(config.to_mapping()), sort_keys=False))
     return path
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """The run's numbers for machines: full precision, unlike the printed summary."""
-    path.write_text(json.dumps({k: float(v) if hasattr(v, "item") else v for k, v in results.items()}, indent=2))
+    values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}
+    path.write_text(json.dumps(redact_values(values), indent=2))
 
 
 def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
@@ -230,7 +231,7 @@ def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
     tensorboard = tensorboard_of(trainer)
     if tensorboard is None:
         return
-    command = redact(" ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv]))
+    command = " ".join(shlex.quote(redact(part)) for part in [Path(sys.executable).name, *sys.argv])
     settings = {**config.to_mapping(), "world_size": trainer.world_size}
     table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
     tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
@@ -242,6 +243,7 @@ def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metric
     other loggers get the settings; the metrics are in their rows already)."""
     from lightning.pytorch.core.saving import save_hparams_to_yaml
 
+    hparams = redact_values(hparams)
     for logger in trainer.loggers:
         if hasattr(logger, "log_results"):
             logger.log_results(hparams, metrics)

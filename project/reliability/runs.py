@@ -24,6 +24,7 @@ from typing import Any
 
 from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
+from project.secrets import redact_values
 
 RECORD = "run.json"
 LOCK = ".run.lock"
@@ -51,7 +52,7 @@ def write_record(folder: Path, **changes: Any) -> None:
     record = {**read_record(folder), **changes}
     temporary = folder / f".{RECORD}.{os.getpid()}.tmp"
     try:
-        temporary.write_text(json.dumps(record, indent=2))
+        temporary.write_text(json.dumps(redact_values(record), indent=2))
         os.replace(temporary, folder / RECORD)
     except OSError:
         temporary.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ import yaml
 
 from project.config.schema import resolve_config
 from project.results.figures import pyplot
+from project.secrets import redact, redact_values
 
 
 def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
@@ -31,11 +32,12 @@ def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 
     config = {k: v for k, v in best_config.to_mapping().items() if k not in ("data_dir", "logdir", "name")}
     (folder / "best.yaml").write_text(
         f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"
-        + yaml.safe_dump(config, sort_keys=False))
+        + yaml.safe_dump(redact_values(config), sort_keys=False))
     lines += ["", f"best config  {folder / 'best.yaml'}  (train.py --config {folder / 'best.yaml'})"]
     lines += _plots(study, folder)
-    (folder / "best_trials.md").write_text("\n".join(lines) + "\n")
-    return "\n".join(lines)
+    text = redact("\n".join(lines))
+    (folder / "best_trials.md").write_text(text + "\n")
+    return text
 
 
 def _fmt(value: Any) -> str:

@@ -23,7 +23,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from project.errors import UsageError
-from project.reliability.secrets import redact
+from project.secrets import redact
 
 RETRIES = 2  # a trial whose worker died runs at most this many more times
 # URL scheme: (SQLAlchemy dialect, driver module, the extra that installs it). Named in the URL, so
@@ -37,7 +37,7 @@ def open_storage(spec: str, heartbeat: int = 60) -> optuna.storages.BaseStorage:
         return _journal(Path(spec))
     scheme = spec.split("://", 1)[0].split("+", 1)[0]
     if scheme == "sqlite":
-        raise UsageError(f"--storage {spec}: SQLite locks the whole file and fails under parallel workers; "
+        raise UsageError(f"--storage {describe(spec)}: SQLite locks the whole file and fails under parallel workers; "
                          "use a journal file (--storage sweeps.journal) on one machine, PostgreSQL on several")
     if scheme in DRIVERS and "+" not in spec.split("://", 1)[0]:
         dialect, module, extra = DRIVERS[scheme]

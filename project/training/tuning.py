@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -75,19 +75,19 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
 @contextmanager
 def bars_only_on_a_terminal(trainer: L.Trainer) -> Iterator[None]:
     """The LR finder draws its own tqdm bar, whatever the Trainer's: in a log (not a terminal) that is one line of
-    carriage returns many kilobytes long. tqdm reads ``TQDM_DISABLE`` for every bar it makes."""
+    carriage returns many kilobytes long. Its module's ``tqdm`` is the only handle on it (``TQDM_DISABLE`` is read
+    once, when tqdm is imported), so while the tuners run it makes disabled bars."""
     if trainer.progress_bar_callback is not None:
         yield
         return
-    before = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    from lightning.pytorch.tuner import lr_finder
+
+    drawing = lr_finder.tqdm
+    lr_finder.tqdm = functools.partial(drawing, disable=True)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = before
+        lr_finder.tqdm = drawing
 
 
 def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
