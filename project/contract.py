@@ -14,14 +14,26 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
+import re
+import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from project.errors import UsageError
+
 RECIPE_VARIABLE = "PROJECT_RECIPE"
 DEFAULT_RECIPE = "project.recipe"
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+class RecipeError(UsageError):
+    """The recipe cannot be loaded: a bad ``PROJECT_RECIPE``, a package that fails to import, a class it names
+    that is not there."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +98,39 @@ class Recipe:
 
 
 def load_class(spec: str, package: str = DEFAULT_RECIPE) -> Any:
-    """``".module:Class"`` (relative to ``package``) or ``"package.module:Class"`` -> the class."""
+    """``".module:Class"`` (relative to ``package``) or ``"package.module:Class"`` -> the class; one line
+    (``RecipeError``) when the module does not import or has no such class."""
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module, package if module.startswith(".") else None), name)
+    where = f"recipe {package}: {spec!r}"
+    loaded = _import(module, where, package if module.startswith(".") else None)
+    if not hasattr(loaded, name):
+        raise RecipeError(f"{where}: {loaded.__name__} has no {name!r}; fix the name in its Recipe(...)")
+    return getattr(loaded, name)
+
+
+def _import(module: str, where: str, package: str | None = None) -> Any:
+    """``import_module``, any failure of the module's own code said in one line with its file and line."""
+    try:
+        return importlib.import_module(module, package)
+    except ModuleNotFoundError as err:
+        wanted = importlib.util.resolve_name(module, package) if module.startswith(".") else module
+        if err.name and (wanted == err.name or wanted.startswith(err.name + ".")):
+            raise RecipeError(f"{where}: no such module {wanted!r} (is its folder on PYTHONPATH, or is it "
+                              "installed?)") from err
+        raise RecipeError(f"{where}: importing it failed: {_one_line(err)}") from err
+    except Exception as err:  # noqa: BLE001 - the recipe's own code can raise anything
+        raise RecipeError(f"{where}: importing it failed: {_one_line(err)}") from err
+
+
+def _one_line(err: BaseException) -> str:
+    """``Error: message (file:line)``, where the failing line is the recipe's own or the one that imported it."""
+    if isinstance(err, SyntaxError) and err.filename:
+        place = f"{err.filename}:{err.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")]
+        place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    message = (str(err).strip().splitlines() or [""])[0] if not isinstance(err, SyntaxError) else err.msg
+    return f"{type(err).__name__}: {message} ({place})"
 
 
 def recipe_package() -> str:
@@ -96,16 +138,28 @@ def recipe_package() -> str:
     return os.environ.get(RECIPE_VARIABLE) or DEFAULT_RECIPE
 
 
-def recipe() -> Recipe:
-    """The recipe the engine trains (``RECIPE`` of the recipe's package), or exit with one line saying why not:
-    this runs while a script reads its command line, before any error handling is in place."""
-    package = recipe_package()
-    try:
-        found = getattr(importlib.import_module(package), "RECIPE", None)
-    except ModuleNotFoundError as err:
-        if err.name and package.startswith(err.name):
-            raise SystemExit(f"error: {RECIPE_VARIABLE}={package}: no such package") from None
-        raise
+def load_recipe(package: str) -> Recipe:
+    """``RECIPE`` of ``package``, or a ``RecipeError`` naming the setting and what to fix."""
+    where = f"{RECIPE_VARIABLE}={package}"
+    if not MODULE_NAME.fullmatch(package):
+        raise RecipeError(f"{where}: not an importable module name; give an absolute, dotted name such as "
+                          "my_recipes.cifar (a package on PYTHONPATH)")
+    found = getattr(_import(package, where), "RECIPE", None)
+    if found is None:
+        raise RecipeError(f"{where}: the package has no RECIPE; its __init__.py names its classes in "
+                          "RECIPE = Recipe(...) (project.contract)")
     if not isinstance(found, Recipe):
-        raise SystemExit(f"error: {RECIPE_VARIABLE}={package}: the package has no RECIPE = Recipe(...)")
+        raise RecipeError(f"{where}: its RECIPE is a {type(found).__name__}, not a project.contract.Recipe")
     return dataclasses.replace(found, package=package)
+
+
+def recipe() -> Recipe:
+    """The recipe the engine trains, or exit 2 with one line saying why not (``--debug``: the traceback too): this
+    runs while a script reads its command line (the recipe's options are flags), before ``run_cli`` is in place."""
+    try:
+        return load_recipe(recipe_package())
+    except RecipeError as err:
+        if "--debug" in sys.argv[1:]:
+            traceback.print_exception(err.__cause__ or err)
+        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None

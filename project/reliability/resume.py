@@ -178,6 +178,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     if folder is None or rank_zero_only.rank != 0:
         return config.replace(**_folder_settings(folder, resume)) if folder else config
     runs.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
+    runs.read_record(folder)  # and one whose record is damaged, in one line
     if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
         raise UsageError(f"--resume: cannot write in {folder} (no permission): a resumed run continues in its own "
                          "folder; make it writable, or start a new run from its weights with --init-from")

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,27 +25,17 @@ from typing import Any
 
 from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
+from project.reliability.records import LIMITS, RUN_RECORD, DamagedRecord, read_results, read_run_record
 from project.secrets import redact_values
 
-RECORD = "run.json"
+RECORD = RUN_RECORD
 LOCK = ".run.lock"
-# Trainer arguments that make a run a smoke test: its numbers are not a model's.
-LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "max_steps", "overfit_batches")
 BEST_NAME = re.compile(r"acc(\d+\.\d+)")
 
 
 def read_record(folder: Path) -> dict[str, Any]:
-    """The run's ``run.json`` (empty for a folder written before runs kept one, or unreadable)."""
-    return _read_mapping(folder / RECORD)
-
-
-def _read_mapping(path: Path) -> dict[str, Any]:
-    """A JSON file's mapping; empty when it is missing, damaged or not a mapping (the caller falls back)."""
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return values if isinstance(values, dict) else {}
+    """The run's ``run.json``, checked (empty for a folder written before runs kept one)."""
+    return read_run_record(folder)
 
 
 def write_record(folder: Path, **changes: Any) -> None:
@@ -141,8 +132,8 @@ def end_record(folder: Path, error: BaseException | None) -> None:
         state = {"state": "failed", "error": (str(error).strip().splitlines() or [type(error).__name__])[0][:300]}
     try:
         write_record(folder, **state)
-    except OSError:
-        pass  # a full disk (what stopped the run, maybe): its own error is the one to report
+    except (OSError, DamagedRecord):
+        pass  # a full disk or a damaged record (what stopped the run, maybe): its own error is the one to report
 
 
 def is_locked(folder: Path) -> bool:
@@ -167,7 +158,7 @@ class RunInfo:
 
     folder: Path
     started: float
-    state: str  # finished, stopped, failed, running, killed (no live process, no end recorded), or unfinished
+    state: str  # finished, stopped, failed, running, killed (no live process, no end recorded), unfinished, damaged
     step: int | None  # of the newest checkpoint
     limited: tuple[str, ...]  # smoke-test limits it ran under
     test_acc: float | None
@@ -184,14 +175,19 @@ class RunInfo:
                 f"{self.state} before its first checkpoint"
         elif self.state == "failed":
             text = "failed" + (f": {self.error}" if self.error else "")
+        elif self.state == "damaged":
+            return f"damaged ({self.error})"
         else:
             text = self.state
         return text + (f" (smoke: --trainer.{', --trainer.'.join(self.limited)})" if self.limited else "")
 
 
 def run_info(folder: Path) -> RunInfo:
-    record = read_record(folder)
-    results = read_results(folder)
+    try:
+        record, results = read_record(folder), read_results(folder)
+    except DamagedRecord as damaged:
+        return RunInfo(folder=folder, started=_first_written(folder), state="damaged", step=None, limited=(),
+                       test_acc=None, best=None, error=damaged.reason)
     state = record.get("state", "finished" if results.get("weights") else "unfinished")
     if state == "running" and not is_locked(folder):
         state = "killed"
@@ -215,8 +211,12 @@ def runs(logdir: str | os.PathLike, name: str) -> list[RunInfo]:
 def newest_run(logdir: str | os.PathLike, name: str, need: str, flag: str) -> RunInfo:
     """The newest run with what ``need`` names (``last``: a ``last.ckpt``; ``best``: a best checkpoint). A smoke run
     is passed over, and the choice is said on stderr, by the caller."""
-    candidates = [run for run in runs(logdir, name) if _has(run, need)]
+    found = runs(logdir, name)
+    candidates = [run for run in found if _has(run, need)]
     real = [run for run in candidates if not run.smoke]
+    passed_over = [run for run in found if run.state == "damaged" and (not real or run.started > real[0].started)]
+    for run in passed_over:
+        print(f"{flag} {need}: passing over {run.folder}: {run.describe()}", file=sys.stderr)
     if not candidates:
         raise UsageError(f"{flag} {need}: no run with a {need} checkpoint under {Path(logdir, name)}; train first or "
                          "pass a path")
@@ -254,6 +254,8 @@ def checkpoint_of(spec: str, logdir: str | os.PathLike, name: str, flag: str) ->
 
 
 def _has(run: RunInfo, need: str) -> bool:
+    if run.state == "damaged":
+        return False
     if need == "last":
         return (run.folder / "checkpoints" / "last.ckpt").is_file()
     return run.best is not None
@@ -263,17 +265,13 @@ def _is_run(folder: Path) -> bool:
     return any((folder / marker).exists() for marker in (RECORD, "checkpoints", "config.yaml", "results.json"))
 
 
-def read_results(folder: Path) -> dict[str, Any]:
-    """The run's ``results.json`` (empty until its test is done, or unreadable)."""
-    return _read_mapping(folder / "results.json")
-
-
 def _first_written(folder: Path) -> float:
-    """When a run without a record started: its oldest file's time."""
+    """When a run without a (readable) record started: its oldest file's time."""
     times = [p.stat().st_mtime for p in folder.iterdir() if p.is_file()]
     return min(times, default=folder.stat().st_mtime)
 
 
 def _limits_from_config(folder: Path) -> list[str]:
-    text = (folder / "config.yaml").read_text() if (folder / "config.yaml").is_file() else ""
+    path = folder / "config.yaml"
+    text = path.read_text(errors="replace") if path.is_file() else ""
     return [key for key in LIMITS if f"{key}:" in text]
