@@ -45,14 +45,14 @@ def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monk
 
 
 class StepClock:
-    """A clock for ``AutoStepsPerCall`` that reads 1.5 ms per optimizer step the run has taken (``time`` stand-in):
-    the load went away after auto's first measure, whatever this machine is doing now."""
+    """A clock for ``AutoStepsPerCall`` that reads ``seconds`` per optimizer step the run has taken (``time``
+    stand-in): the load went away after auto's first measure, whatever this machine is doing now."""
 
-    def __init__(self) -> None:
-        self.trainer = None
+    def __init__(self, seconds: float = 0.0015) -> None:
+        self.trainer, self.seconds = None, seconds
 
     def perf_counter(self) -> float:
-        return 0.0015 * self.trainer.global_step if self.trainer is not None else 0.0
+        return self.seconds * self.trainer.global_step if self.trainer is not None else 0.0
 
 
 class Watch(L.Callback):
@@ -63,21 +63,25 @@ class Watch(L.Callback):
         self.clock.trainer = trainer
 
 
-def test_auto_follows_the_runs_own_steps_when_its_first_measure_was_slowed_by_load(data, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("first", "own", "start", "expected"), [(0.05, 0.0015, 1, 25), (0.0015, 0.0008, 25, 50)])
+def test_auto_follows_the_runs_own_steps_when_its_first_measure_was_slowed_by_load(data, tmp_path, monkeypatch,
+                                                                                 first, own, start, expected):
     """Measured at a moment of load (50 ms a step), auto starts at 1 step per call; the run's own steps, timed at
-    each group's end (1.5 ms each from then on), take it up, and the training is the same."""
+    each group's end (1.5 ms each from then on), take it up, and the training is the same. A smaller move counts
+    too: K doubles from 25 to 50 when the steps turn out half as long (a move of a whole K, not more than it)."""
     from project.training import steps_per_call
 
     _, reference = run(data, tmp_path / "k1", 1, log_every_n_steps=50, max_epochs=3)
-    monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: 0.05)
-    clock = StepClock()
+    monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: first)
+    clock = StepClock(own)
     monkeypatch.setattr(steps_per_call, "time", clock)
     auto = train(tiny_config(data, tmp_path / "auto", steps_per_call="auto", log_every_n_steps=50, max_epochs=3),
                  callbacks=[Watch(clock)])
     state = torch.load(auto.last_checkpoint, weights_only=True)
-    expected = steps_per_call.steps_for(0.0015, 50)  # 27 steps of 1.5 ms, aligned to the logging interval: 25
-    assert auto.steps_per_call == expected == 25, auto.summary()
-    assert f"; 1 at first, then {expected} as the run timed its own steps" in auto.summary()
+    # 27 steps of 1.5 ms, aligned to the logging interval: 25; 50 steps of 0.8 ms: 50
+    assert steps_per_call.steps_for(first, 50) == start and steps_per_call.steps_for(own, 50) == expected
+    assert auto.steps_per_call == expected, auto.summary()
+    assert f"; {start} at first, then {expected} as the run timed its own steps" in auto.summary()
     assert_same_training_state(reference, state)
     assert state["run_record"]["steps_per_call"] == auto.steps_per_call  # what a resume takes
 
