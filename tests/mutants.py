@@ -29,6 +29,10 @@ class Mutant:
     tests: tuple[str, ...]  # pytest node ids (relative to the template's root) of which one must fail
 
 
+# The recipe checks on the example recipes: what a broken variant of either must fail.
+SECOND_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.second_recipe]"
+DISK_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.disk_recipe]"
+
 MUTANTS = (
     Mutant("runs-share-a-folder", "runs never share a folder",
            "project/reliability/run_files.py", '(parent / f"version_{number}").mkdir()',
@@ -184,6 +188,56 @@ MUTANTS = (
     Mutant("sweep-best-is-the-worst", "a sweep's best.yaml holds its best trial",
            "project/sweeps/report.py", "key=lambda t: t.value, reverse=True)", "key=lambda t: t.value, reverse=False)",
            ("tests/test_documented_promises.py::test_a_sweeps_best_yaml_holds_its_best_trial",)),
+    # Broken recipes: each a classic recipe bug in an example recipe, which the recipe checks must catch.
+    Mutant('recipe-labels-shuffled', 'the recipe checks catch labels out of step with their inputs (it learns)',
+           'tests/second_recipe/data.py', '        return self.normalize(images.float() / 255), labels\n',
+           '        return self.normalize(images.float() / 255), labels[torch.randperm(len(labels), '
+           'generator=torch.Generator().manual_seed(1))]\n',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-class-count-too-large', 'the recipe checks catch a class the training split lacks (labels)',
+           'tests/second_recipe/data.py', '    num_classes = 4\n',
+           '    num_classes = 5\n',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-output-width', 'the recipe checks catch a network whose output width is not num_classes (outputs)',
+           'tests/second_recipe/model.py', 'self.head = nn.Linear(second * 3 * 4, CLASSES)',
+           'self.head = nn.Linear(second * 3 * 4, CLASSES + 1)',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-mean-declared-wrong', 'the recipe checks catch declared statistics the data does not have',
+           'tests/second_recipe/data.py', 'mean, std = (0.33, 0.33, 0.33), (0.22, 0.22, 0.22)',
+           'mean, std = (0.70, 0.70, 0.70), (0.22, 0.22, 0.22)',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-test-split-leaks', 'the recipe checks catch test inputs that occur in training (leakage)',
+           'tests/second_recipe/data.py', '("train.pt" if train else "test.pt")',
+           '("train.pt" if True else "test.pt")',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-dropout-in-eval', 'the recipe checks catch randomness left on in evaluation',
+           'tests/second_recipe/model.py', '        return self.head(self.features(x).flatten(1))',
+           '        return self.head(torch.nn.functional.dropout(self.features(x).flatten(1), 0.3, training=True))',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-batch-statistics-in-eval', 'the recipe checks catch batch statistics used in evaluation',
+           'tests/second_recipe/model.py', 'nn.Conv2d(3, first, 3, padding=1), nn.ReLU(),',
+           'nn.Conv2d(3, first, 3, padding=1), nn.BatchNorm2d(first, track_running_stats=False), nn.ReLU(),',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-input-shape-declared-wrong', 'the recipe checks catch inputs of another shape than input_shape',
+           'tests/second_recipe/data.py', '    input_shape = (3, 12, 16)\n',
+           '    input_shape = (3, 16, 12)\n',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-8-bit-inputs', 'the recipe checks catch integer inputs',
+           'tests/second_recipe/data.py', '        return self.normalize(images.float() / 255), labels\n',
+           '        return images, labels\n',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-input-ignored', 'the recipe checks catch a model that cannot learn (fits one batch)',
+           'tests/second_recipe/model.py', '        return self.head(self.features(x).flatten(1))',
+           '        return self.head(self.features(x * 0).flatten(1))',
+           (SECOND_RECIPE_CHECKS,)),
+    Mutant('recipe-augment-global-randomness', 'the recipe checks catch an augment that draws outside its generator',
+           'tests/disk_recipe/data.py', 'torch.rand(1, generator=generator).item() < 0.5',
+           'torch.rand(1).item() < 0.5',
+           (DISK_RECIPE_CHECKS,)),
+    Mutant('recipe-augment-changes-the-shape', "the recipe checks catch an augment that changes the input's shape",
+           'tests/disk_recipe/data.py', 'return inputs.flip(-1) if',
+           'return inputs.flip(-1)[..., 1:] if',
+           (DISK_RECIPE_CHECKS,)),
 )
 
 

@@ -5,7 +5,8 @@ its ``example_data``: a swapped-in recipe gets them for free. Each is a real run
 few epochs of training, K = 1 and K > 1 ending bitwise equal, a run killed with SIGKILL and
 resumed ending bitwise equal too, ``--fast-dev-run``, ``evaluate.py`` giving training's test
 accuracy (from the checkpoint and from ``model.pth``), ``predict.py`` on the test set written as
-image files agreeing with ``evaluate.py``, and the exported program loading.
+image files agreeing with ``evaluate.py``, the exported program loading, and the recipe checks
+(``scripts/check_recipe.py``: the classic bugs of a recipe's own data and model).
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def test_a_killed_run_resumes_to_the_same_weights(installed, tmp_path):
     assert 0 < last(tmp_path)["global_step"] < last(installed["logs"])["global_step"]
     script("train.py", *common, "--resume", "last")
     assert_same_training_state(last(tmp_path), last(installed["logs"]))
+
+
+def test_the_recipe_passes_the_recipe_checks():
+    """Labels, inputs, augmentation, statistics, leakage, evaluation and learning (scripts/check_recipe.py)."""
+    done = script("check_recipe.py", "--max-epochs", "3")
+    assert done.stdout.strip().splitlines()[-1] == "all 9 checks passed", done.stdout
 
 
 def test_fast_dev_run(installed, tmp_path):

@@ -170,6 +170,16 @@ def parse_evaluate_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def parse_check_recipe_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("check_recipe.py", description)
+    parser.add_argument("--data-dir", help="the recipe's data (default: its example data, written to a temporary "
+                        "folder)")
+    parser.add_argument("--max-epochs", type=argparse_type(positive_int),
+                        help="the short run's epochs (default: the recipe's, at most 4)")
+    parser.add_argument("--no-learn", action="store_true", help="skip the two training checks (seconds, not a run)")
+    return parser.parse_args()
+
+
 def parse_predict_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("predict.py", description)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")

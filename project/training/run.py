@@ -51,6 +51,7 @@ from project.training.build import (
 from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
 from project.training.plan import train_batches
+from project.training.recipe_checks import DataCard, announce, checked_data_card, log_card
 from project.training.steps_per_call import CAPTURED_STEP, LIGHTNING_STEP_OVERHEAD_S, plan_steps
 from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
@@ -136,6 +137,7 @@ class Plan:
     steps_reason: str
     step_mode: str
     step_mode_reason: str
+    card: DataCard
 
 
 def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, callbacks: Sequence[Callback] = (),
@@ -182,6 +184,7 @@ def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool)
     if test:
         datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
     train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
+    card = checked_data_card(datamodule)  # statistics declared wrong: refused now
     resume = checkpoint_to_resume(config, train_size, world_size)
     config = continue_in_its_folder(config, resume)
     check_outputs_writable(config)
@@ -196,7 +199,8 @@ def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool)
         check_fits(model, resume)
     if config.export_pt2:
         check_exportable(model, datamodule.input_shape)
-    return Plan(config, datamodule, model, resume, steps_per_call, steps_reason, step_mode, step_mode_reason)
+    announce(card)
+    return Plan(config, datamodule, model, resume, steps_per_call, steps_reason, step_mode, step_mode_reason, card)
 
 
 def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test: bool,
@@ -210,6 +214,7 @@ def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test:
         try:
             config = record.config = tune(trainer, model, datamodule, config)
             log_run_text(trainer, config)
+            log_card(trainer, plan.card)
             config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
             with reported_failures():
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)

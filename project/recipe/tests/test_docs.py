@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"(?:\.venv/bin/)?python3? scripts/(\w+)\.py((?:[^`\n#]|#(?!\s))*)")
 MAKE_TRAIN = re.compile(r'make (train) ARGS="([^"]*)"')
-TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars")
+TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars", "check_recipe")
 # Run in a fresh interpreter, from a folder like a clone after a run: each command's parser on its argv.
 PARSE_EACH = """
 import json, sys

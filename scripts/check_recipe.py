@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Check the installed recipe (PROJECT_RECIPE, else project/recipe) for the classic recipe bugs.
+
+Labels outside [0, num_classes) or a class the training split lacks, a network whose output width is not
+num_classes, inputs of another shape or dtype than input_shape, an augment that changes them or draws randomness
+outside its generator, declared mean/std that the training split's pixels do not have, test inputs that also
+occur in training, evaluation that is random or depends on the batch, and a model that cannot fit one batch or
+ends a short run near chance. One line per check; exit status 1 if any failed. Runs on the recipe's example data
+unless --data-dir names its real data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from project.config.cli import parse_check_recipe_args  # noqa: E402  (light: no torch)
+from project.errors import run_cli, say  # noqa: E402
+
+
+def main(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from project.config.schema import RECIPE, RunConfig
+    from project.training.recipe_checks import check_recipe
+
+    epochs = args.max_epochs or min(RunConfig().max_epochs, 4)
+    with tempfile.TemporaryDirectory(prefix="recipe-data-") as scratch:
+        data_dir = args.data_dir or str(RECIPE.write_example_data(Path(scratch)))
+        say(f"recipe {RECIPE.package} on {'its example data' if not args.data_dir else data_dir}")
+        # The example data is small: a share of it for validation, whatever the recipe holds out of its real data.
+        config = RunConfig(data_dir=data_dir, max_epochs=epochs, **({} if args.data_dir else {"val_size": 0.2}))
+        findings = check_recipe(config, learn=not args.no_learn)
+        for finding in findings:
+            say(finding.line())
+    failed = sum(finding.problem is not None for finding in findings)
+    say(f"{failed} of {len(findings)} checks failed" if failed else f"all {len(findings)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    arguments = parse_check_recipe_args(__doc__)
+    run_cli(lambda: main(arguments), "check_recipe.py", debug=arguments.debug)

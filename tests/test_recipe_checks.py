@@ -1,0 +1,92 @@
+"""The recipe checks and the data card: every shipped recipe passes; the bugs users make in a recipe fail, each with
+its own line (the broken variants are in ``tests/mutants.py``); a declared mean far from the data is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import event_accumulator, make_tiny_data, run_script, tiny_config
+from project.errors import UsageError
+from project.training.recipe_checks import DataCard, check_recipe, shared_inputs
+from project.training.run import train
+
+
+def card(**changes) -> DataCard:
+    values = dict(recipe="Digits", sizes={"train": 900, "val": 100, "test": 200}, input_shape=(1, 8, 8), num_classes=3,
+                  class_counts=[300, 310, 290], mean=(0.30,), std=(0.20,), declared_mean=(0.30,), declared_std=(0.20,),
+                  duplicates=0)
+    return DataCard(**{**values, **changes})
+
+
+def test_the_card_says_what_a_run_trains_on():
+    assert card().line() == ("data: 900 train / 100 val / 200 test, inputs 1x8x8, 3 classes (290-310 each), pixel "
+                             "mean (0.30,) std (0.20,) (as declared), 0 test inputs also in training")
+    assert "| training samples per class | 0: 300, 1: 310, 2: 290 |" in card().markdown()
+    assert "3 classes (300-310 each, 1 absent)" in card(num_classes=3, class_counts=[300, 0, 310]).line()
+
+
+@pytest.mark.parametrize(("declared_mean", "declared_std", "wrong"), [
+    ((0.70,), (0.20,), True), ((0.38,), (0.20,), False), ((0.30,), (0.40,), True), ((0.30,), (0.25,), False),
+    ((0.30, 0.30), (0.20, 0.20), True)])
+def test_statistics_declared_far_from_the_data_are_a_problem(declared_mean, declared_std, wrong):
+    problem = card(declared_mean=declared_mean, declared_std=declared_std).statistics_problem()
+    assert (problem is not None) == wrong, problem
+    if wrong and len(declared_mean) == 1:
+        assert problem.startswith("Digits declares mean") and "set mean = (0.30,), std = (0.20,)" in problem
+
+
+def test_leakage_past_one_percent_of_the_test_set_is_a_problem():
+    assert card(duplicates=2).leakage_problem() is None
+    assert "3 test inputs (2%) also occur in the training split" in card(duplicates=3).leakage_problem()
+
+
+def test_shared_inputs_are_counted_bit_for_bit():
+    train_inputs = torch.rand(500, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    nearly = train_inputs[7:9].clone()
+    nearly[:, 0, 0, 0] += 1e-6  # one value of each changed by a hair: not the same input
+    test_inputs = torch.cat([train_inputs[100:111], nearly, torch.rand(30, 1, 8, 8)])
+    assert shared_inputs(train_inputs, test_inputs) == 11
+
+
+def test_the_engines_recipe_passes_every_check(tmp_path):
+    findings = check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3))
+    assert [f.check for f in findings] == ["inputs", "augment", "labels", "outputs", "statistics", "leakage",
+                                           "eval determinism", "fits one batch", "learns"]
+    assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)
+
+
+@pytest.mark.parametrize("recipe", ["tests.second_recipe", "tests.disk_recipe"])
+def test_the_example_recipes_pass_every_check(recipe):
+    done = run_script("check_recipe.py", "--max-epochs", "3", env={"PROJECT_RECIPE": recipe})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "all 9 checks passed"
+
+
+def test_a_run_whose_recipe_declares_a_wrong_mean_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Normalisation and predict's polarity follow the declared mean: a wrong one would make predict.py invert every
+    image; the run is refused in one line instead, naming the values to declare."""
+    from tests.tiny_recipe.data import TinyDataModule
+
+    data = make_tiny_data(tmp_path / "data")
+    monkeypatch.setattr(TinyDataModule, "mean", (0.70,))
+    with pytest.raises(UsageError, match=r"TinyDataModule declares mean \(0.70,\) .* set mean = \(0.16,\)"):
+        train(tiny_config(data, tmp_path / "logs", max_epochs=1))
+    assert not (tmp_path / "logs").exists()
+
+
+def test_the_card_is_on_stderr_and_in_tensorboard(trained):
+    line = next(line for line in trained["stderr"].splitlines() if line.startswith("data: "))
+    assert line.startswith("data: 200 train / 40 val / 80 test, inputs 1x28x28, 10 classes")
+    text = event_accumulator(trained["run"]).Tensors("run/data/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| splits | train 200, val 40, test 80 |" in text
+
+
+def test_a_failing_check_is_one_line_and_exit_status_1(tmp_path):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    done = run_script("check_recipe.py", "--data-dir", str(empty), "--no-learn")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[1].startswith("FAIL  data: the datamodule cannot load its data: ") and lines[-1] == \
+        "1 of 1 checks failed"
