@@ -31,6 +31,7 @@ test-fast: $(VENV)/.installed-dev
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 benchmark: $(VENV)/.installed
 	$(PY) scripts/benchmark.py $(ARGS)

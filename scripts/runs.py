@@ -22,9 +22,9 @@ from project.errors import run_cli, say  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project.reliability.runs import runs
+    from project.reliability.run_folder import RunFolder
 
-    found = runs(args.logdir, args.name)
+    found = RunFolder.listed(args.logdir, args.name)
     if not found:
         say(f"no runs under {Path(args.logdir, args.name)}")
         return 0

@@ -130,7 +130,7 @@ def assert_same_training_state(a: dict, b: dict) -> None:
     """Two checkpoints hold bitwise the same training: step, weights, optimizer, schedule, data position."""
     import torch
 
-    from project.training.tensor_data import data_position
+    from project.reliability.checkpointing import data_position
 
     assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
     assert a["state_dict"].keys() == b["state_dict"].keys()

@@ -142,7 +142,7 @@ def test_trainer_keys_with_a_first_class_flag_map_to_it(capsys):
 @pytest.mark.parametrize(("flags", "message"), [
     (["--trainer.no_such_key", "1"], "--trainer.no_such_key: not an argument of lightning.Trainer"),
     (["--trainer.max_epochs", "abc"], "--trainer.max_epochs: not a valid int: 'abc'"),
-    (["--trainer.gradient_clip_val", "big"], "--trainer.gradient_clip_val: expected float, int, null, got 'big'"),
+    (["--trainer.gradient_clip_val", "big"], "--trainer.gradient_clip_val: expected int, float, null, got 'big'"),
     (["--trainer.accumulate_grad_batches", "0.5"], "--trainer.accumulate_grad_batches: expected int, got 0.5"),
     (["--trainer.accumulate_grad_bathces", "2"], "(did you mean accumulate_grad_batches?)"),
     (["--trainer.logger", "false"], "--trainer.logger: set by the template; use --logger"),

@@ -64,6 +64,26 @@ def damage(folder: Path, name: str, change: object) -> None:
         path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))  # NaN and Infinity as json writes
 
 
+@pytest.mark.parametrize(("name", "change", "reason"), CASES)
+def test_the_checked_reader_names_each_damage(tmp_path, name, change, reason):
+    """In-process, each case alone: the reader's one line, and an intact record of the same run read as written."""
+    from project.reliability.records import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
+
+    fields = RUN_FIELDS if name == "run.json" else RESULT_FIELDS
+    intact = {"run.json": {"state": "finished", "pid": 7, "host": "h", "limited": [], "error": None,
+                           "started": 1.7e9, "step": 14, "best_checkpoint": "best.ckpt", "best_score": 0.9},
+              "results.json": {"test/loss": 0.3, "test/acc": 0.9, "val/acc_best": 0.91, "best_checkpoint": "/b.ckpt",
+                               "last_checkpoint": "/l.ckpt", "weights": "/m.pth", "global_batch": 32,
+                               "world_size": 1, "precision": "32-true", "lr": 0.1, "test/f1": 0.5}}[name]
+    (tmp_path / name).write_text(json.dumps(intact, indent=2))
+    assert read_mapping(tmp_path / name, fields) == intact
+    damage(tmp_path, name, change)
+    with pytest.raises(DamagedRecord) as damaged:
+        read_mapping(tmp_path / name, fields)
+    assert damaged.value.reason.startswith(reason) and "\n" not in str(damaged.value)
+    assert read_mapping(tmp_path / "missing.json", fields) == {}
+
+
 @pytest.fixture(scope="module")
 def damaged_runs(trained, tmp_path_factory) -> dict:
     """The trained run as version_0 (intact, oldest) and one copy per case (version_1..), each damaged its way."""

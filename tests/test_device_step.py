@@ -13,8 +13,8 @@ from helpers import assert_same_training_state, make_tiny_data, tiny_config, tin
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.hardware.cuda_graphs import capture_plan
+from project.hardware.device_step import DeviceStep, NotCapturable, RunningAccuracy, advance_schedule, schedule_table
 from project.training.classifier import ClassifierModule, optimizer_and_schedule
-from project.training.device_step import DeviceStep, NotCapturable, RunningAccuracy, advance_schedule, schedule_table
 from project.training.run import train
 
 STEPS = 60

@@ -32,6 +32,7 @@ from project.errors import UserError
 from project.hardware.devices import expected_world_size
 from project.reliability.checkpointing import read_checkpoint
 from project.reliability.resume import checkpoint_to_resume
+from project.training.plan import planned_steps
 from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
@@ -232,9 +233,9 @@ def test_resuming_with_another_world_size_is_refused(uninterrupted_ddp, tmp_path
     config = tiny_config(uninterrupted_ddp["data"], tmp_path / "logs", max_epochs=4, resume=str(path))
     with pytest.raises(UserError, match="the checkpoint was written by 2 process\\(es\\), this run has 1; .* resume "
                                         "with the same --devices and --num-nodes"):
-        checkpoint_to_resume(config, 640, 1)
+        checkpoint_to_resume(config, planned_steps(config, 640, 1), 1)
     # Two machines of one process each are the same two ranks: the world size counts nodes too.
     two_nodes = config.replace(devices=1, num_nodes=2, accelerator="cpu")
     assert expected_world_size(two_nodes) == 2
-    assert checkpoint_to_resume(two_nodes, 640, expected_world_size(two_nodes)).global_step == \
-        uninterrupted_ddp["last"]["global_step"]
+    resumed = checkpoint_to_resume(two_nodes, planned_steps(two_nodes, 640, 2), expected_world_size(two_nodes))
+    assert resumed.global_step == uninterrupted_ddp["last"]["global_step"]

@@ -8,7 +8,8 @@ import torch
 
 from helpers import event_accumulator, make_tiny_data, run_script, tiny_config
 from project.errors import UsageError
-from project.training.recipe_checks import DataCard, check_recipe, shared_inputs
+from project.training.data_card import DataCard, shared_inputs
+from project.training.recipe_checks import check_recipe
 from project.training.run import train
 
 

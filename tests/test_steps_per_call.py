@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from helpers import assert_same_training_state, event_accumulator, make_tiny_data, tiny_config
 from project.config.schema import RunConfig
 from project.errors import UsageError
+from project.training.build import build_model
 from project.training.run import train
 from project.training.samplers import EpochShuffleSampler, StepGroups, group_ends_at
 from project.training.steps_per_call import choose_steps_per_call
@@ -178,13 +179,14 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
         return real_batch_loss(module, batch)
 
     monkeypatch.setattr(LitTiny, "batch_loss", batch_loss)
-    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
+    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), build_model, budget_s=0.2)
     assert quick < 0.02 and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
     monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
         module, batch))[1])
-    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), budget_s=0.2)
+    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), build_model, budget_s=0.2)
     assert slow >= 0.05
-    k, why = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule)
+    k, why = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule,
+                                   build_model)
     assert k == 1 and "a step's math takes" in why  # 50 ms of math: Lightning's 1 ms is 2 % of it, not worth grouping
 
 

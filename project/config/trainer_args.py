@@ -119,9 +119,11 @@ def fits(value: Any, hint: Any) -> bool:
 
 
 def describe(hint: Any) -> str:
-    """The plain values a hint allows, in words; Python objects (profilers, loggers) are left out."""
+    """The plain values a hint allows, in words; Python objects (profilers, loggers) are left out. Plain types in
+    one fixed order: ``Union[int, float]`` and ``Union[float, int]`` are one cached object, whichever came first."""
     words: list[str] = []
-    for member in _members(hint):
+    plain = (bool, int, float, str)
+    for member in sorted(_members(hint), key=lambda m: plain.index(m) if m in plain else len(plain)):
         origin = typing.get_origin(member)
         if origin is typing.Literal:
             words += [repr(v) for v in typing.get_args(member)]

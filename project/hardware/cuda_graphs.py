@@ -3,7 +3,7 @@
 Replaying a graph launches a whole step's kernels (forward, loss, backward, update, schedule,
 loss scale, accuracy counts, the step's loss into the group's buffer) with one call, so the
 host's Python work per step all but disappears. The step is ``DeviceStep``
-(``project/training/device_step.py``); here it is captured once, checked against an eager step on
+(``project/hardware/device_step.py``); here it is captured once, checked against an eager step on
 another batch (a step that cannot be captured faithfully gives other numbers), timed, and
 replayed for every full-size batch; the epoch's last, smaller batch runs the same step eagerly.
 Whatever stops a capture (a host sync, a data-dependent shape, an optimizer or metric it cannot
@@ -19,7 +19,7 @@ import torch
 
 from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.training.device_step import DeviceStep, NotCapturable, RunningAccuracy
+from project.hardware.device_step import DeviceStep, NotCapturable, RunningAccuracy
 
 WARM_UP_STEPS = 3  # on a side stream before capture, as PyTorch's graph capture requires
 TIMED_REPLAYS = 10

@@ -9,7 +9,7 @@ from PIL import Image
 
 from project.errors import ImageError
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
-from project.results.image_files import with_image
+from project.training.tensor_data import TensorDataModule
 
 INK_THRESHOLD = 0.2  # after contrast stretching, pixels above this count as the digit
 
@@ -64,4 +64,4 @@ def to_mnist(image: Image.Image) -> torch.Tensor:
 
 def load_digit(path: str | os.PathLike) -> torch.Tensor:
     """A file as a normalised ``(1, 28, 28)`` tensor, or one clear reason why not."""
-    return (with_image(path, to_mnist) - MNIST_MEAN) / MNIST_STD
+    return (TensorDataModule.open_image(path, to_mnist) - MNIST_MEAN) / MNIST_STD

@@ -17,7 +17,6 @@ from torch import nn
 
 from project.errors import CheckpointError
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
-from project.reliability.checkpointing import atomic_save
 from project.training.classifier import ClassifierModule
 
 PIXELS, CLASSES = 28 * 28, 10
@@ -65,8 +64,8 @@ class LitMNIST(ClassifierModule):
         return nn.functional.nll_loss(outputs, targets)
 
     def export_weights(self, path: str | os.PathLike) -> tuple[Path, str]:
-        return atomic_save(export_state_dict(self.model), path), "loads into the article's nn.Sequential; " \
-                                                                  "ToTensor() pixels in"
+        saved = self.write_weights(export_state_dict(self.model), path)
+        return saved, "loads into the article's nn.Sequential; ToTensor() pixels in"
 
     def portable_network(self) -> tuple[nn.Module, str]:
         network = build_sequential(self.model.hidden)

@@ -126,7 +126,7 @@ class RunRecord(Callback):
     def _note_in_run_record(trainer: L.Trainer) -> None:
         """``run.json``: the newest checkpoint's step, and the best checkpoint with the score it recorded."""
         from project.reliability import runs
-        from project.training.build import run_dir
+        from project.reliability.run_files import run_dir
 
         folder = run_dir(trainer)
         if not (folder / runs.RECORD).is_file():
@@ -213,3 +213,8 @@ def _reason(text: str, err: Exception) -> str:
     if "PytorchStreamReader" in text or "zip archive" in text:
         return "damaged or truncated archive"
     return text.splitlines()[0][:100] if text else type(err).__name__
+
+
+def data_position(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """Where in the epoch's data order a checkpoint was taken (the datamodule's ``state_dict``), if it says."""
+    return next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)

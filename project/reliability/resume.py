@@ -17,10 +17,9 @@ from project.config.schema import RECIPE, RunConfig
 from project.config.trainer_args import same_trainer_value, trainer_default
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import runs
-from project.reliability.checkpointing import read_checkpoint
+from project.reliability.checkpointing import data_position, read_checkpoint
 from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
-from project.training.plan import check_schedule_length, planned_steps
-from project.training.tensor_data import data_position
+from project.reliability.run_folder import RunFolder
 
 # Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
 TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
@@ -48,9 +47,10 @@ class Resume:
         return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
 
 
-def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world_size: int = 1) -> Resume | None:
+def checkpoint_to_resume(config: RunConfig, planned_steps: int | None = None, world_size: int = 1) -> Resume | None:
     """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
-    schedule of another length is one line before any run folder exists (``train_size``: training images)."""
+    schedule of another length is one line before any run folder exists (``planned_steps``: the optimizer steps
+    this run's settings take, ``project.training.plan.planned_steps``)."""
     path = _checkpoint_named(config)
     if path is None:
         return None
@@ -71,9 +71,18 @@ def checkpoint_to_resume(config: RunConfig, train_size: int | None = None, world
                         "--devices and --num-nodes")
     schedules = checkpoint.get("lr_schedulers") or [{}]
     total = schedules[0].get("total_steps")
-    if total is not None and train_size is not None:
-        check_schedule_length(total, planned_steps(config, train_size, world_size))
+    if total is not None and planned_steps is not None:
+        check_schedule_length(total, planned_steps)
     return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)))
+
+
+def check_schedule_length(saved_total: int, planned: int) -> None:
+    """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
+    if saved_total != planned:
+        raise UserError(
+            f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
+            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
+        )
 
 
 def _checkpoint_named(config: RunConfig) -> Path | None:
@@ -86,7 +95,7 @@ def _checkpoint_named(config: RunConfig) -> Path | None:
                              "add --run-version NAME")
         path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
         return path if path.is_file() else None
-    return Path(runs.checkpoint_of(config.resume, config.logdir, config.name, "--resume")[0])
+    return Path(RunFolder.checkpoint(config.resume, config.logdir, config.name, "--resume")[0])
 
 
 def _trained_with(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +168,7 @@ def initial_weights(config: RunConfig) -> dict[str, Any] | None:
     """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
     if not config.init_from:
         return None
-    path, _ = runs.checkpoint_of(config.init_from, config.logdir, config.name, "--init-from")
+    path, _ = RunFolder.checkpoint(config.init_from, config.logdir, config.name, "--init-from")
     return read_checkpoint(path)["state_dict"]
 
 
@@ -178,7 +187,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     if folder is None or rank_zero_only.rank != 0:
         return config.replace(**_folder_settings(folder, resume)) if folder else config
     runs.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
-    runs.read_record(folder)  # and one whose record is damaged, in one line
+    RunFolder(folder).refuse_if_damaged()  # and one whose records are damaged
     if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
         raise UsageError(f"--resume: cannot write in {folder} (no permission): a resumed run continues in its own "
                          "folder; make it writable, or start a new run from its weights with --init-from")

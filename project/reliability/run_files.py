@@ -19,11 +19,24 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.reliability import runs
-from project.results.tensorboard_figures import tensorboard_of
 from project.secrets import redact, redact_values
-from project.training.build import run_dir
 
 RUN_VERSION_ENV = "RUN_VERSION"  # rank 0's run folder, for the ranks Lightning starts after it
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The run's folder: where checkpoints, model.pth, config.yaml and results.json go."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    local = next((lg for lg in trainer.loggers if isinstance(lg, (TensorBoardLogger, CSVLogger))), None)
+    return Path(local.log_dir) if local else Path(trainer.default_root_dir)
+
+
+def tensorboard_of(trainer: L.Trainer) -> Any:
+    """The run's ``TensorBoardLogger``, if it has one."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
 
 
 def check_outputs_writable(config: RunConfig) -> None:
@@ -210,11 +223,11 @@ def finished_results(folder: Path) -> dict[str, Any] | None:
     return results if weights and Path(weights).is_file() else None
 
 
-def save_config(trainer: L.Trainer, config: RunConfig) -> Path:
+def save_config(folder: Path, config: RunConfig) -> Path:
     """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run."""
     import yaml
 
-    path = run_dir(trainer) / "config.yaml"
+    path = folder / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(redact_values(config.to_mapping()), sort_keys=False))
     return path

@@ -13,9 +13,9 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project import EVAL_BATCH_SIZE
 from project.contract import recipe
 from project.errors import CheckpointError
-from project.reliability import runs
 from project.reliability.checkpointing import read_checkpoint, read_weights
 from project.reliability.resume import full_precision
+from project.reliability.run_folder import RunFolder
 
 TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 
@@ -56,7 +56,7 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
     if weights:
         network = module_class.network_from_weights(read_weights(weights), str(weights))
         return Classifier(network.eval(), source=str(weights))
-    path, run = runs.checkpoint_of(ckpt or "best", logdir, name or recipe().name, "--ckpt")
+    path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe().name, "--ckpt")
     state = read_checkpoint(path)
     module = module_class(**state["hyper_parameters"])
     try:

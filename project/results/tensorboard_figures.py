@@ -11,15 +11,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from project.reliability.run_files import tensorboard_of
 from project.results import figures
-
-
-def tensorboard_of(trainer: L.Trainer) -> TensorBoardLogger | None:
-    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
 
 
 class WorstMistakes:

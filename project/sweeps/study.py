@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from project.config.schema import RunConfig, load_yaml, resolve_config
 from project.config.validators import shown
 from project.errors import NonFiniteLossError, Terminated, UsageError, UserError
 from project.hardware.devices import expected_world_size
+from project.reliability.run_folder import RunFolder
 from project.sweeps.storage import (
     describe,
     frozen_trial,
@@ -294,7 +294,7 @@ def train_in_own_process(config: RunConfig) -> float:
         raise UserError(f"trial {config.run_version} (train.py --config, {config.devices} devices) failed: {last}")
     if config.fast_dev_run:  # writes no files
         return math.nan
-    return float(json.loads((run / "results.json").read_text())["val/acc_best"])
+    return float(RunFolder(run).results["val/acc_best"])
 
 
 def quiet() -> None:

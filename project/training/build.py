@@ -239,8 +239,3 @@ def global_batch(trainer: L.Trainer, batch_size: int) -> int:
     """Samples per optimizer step across every device of every node."""
     return batch_size * trainer.num_devices * trainer.num_nodes
 
-
-def run_dir(trainer: L.Trainer) -> Path:
-    """The run's folder: where checkpoints, model.pth, config.yaml and results.json go."""
-    local = next((lg for lg in trainer.loggers if isinstance(lg, (TensorBoardLogger, CSVLogger))), None)
-    return Path(local.log_dir) if local else Path(trainer.default_root_dir)

@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from project.errors import NonFiniteLossError
 from project.hardware.devices import peak_memory_mb
+from project.reliability.resume import check_schedule_length
 from project.training.console import quiet_known_warnings
-from project.training.plan import check_schedule_length
 
 NEVER = torch.iinfo(torch.int64).max
 

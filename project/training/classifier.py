@@ -20,8 +20,8 @@ from torchmetrics import MaxMetric, MeanMetric
 from project import OPTIMIZERS, SCHEDULERS
 from project.errors import CheckpointError
 from project.hardware.cuda_graphs import StepRunner
+from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
-from project.training.device_step import RunningAccuracy
 from project.training.steps_per_call import retime, run_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -206,8 +206,14 @@ class ClassifierModule(L.LightningModule):
         and takes inputs normalised as in training.
         """
         state = {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
-        return atomic_save(state, path), f"the state_dict of {type(self.model).__name__}; normalised inputs, as in " \
-                                         "training"
+        return self.write_weights(state, path), f"the state_dict of {type(self.model).__name__}; normalised " \
+                                                "inputs, as in training"
+
+    @staticmethod
+    def write_weights(state: dict[str, Any], path: str | os.PathLike) -> Path:
+        """Save ``state`` to ``path`` atomically (a crash mid-write leaves the previous file whole); for a recipe's
+        own ``export_weights``."""
+        return atomic_save(state, path)
 
     def portable_network(self) -> tuple[nn.Module, str]:
         """The network ``--export-pt2`` writes as a ``torch.export`` program, and what it takes as input."""

@@ -11,7 +11,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from project.config.schema import RunConfig
-from project.errors import UsageError, UserError
+from project.errors import UsageError
 
 
 def train_batches(config: RunConfig, train_size: int, world_size: int) -> int:
@@ -53,12 +53,3 @@ def eval_batch_size(batch_size: int, limit: float | int, stage: str, split_size:
     rank_zero_info(f"limit_{stage}_batches={limit}: {stage} batches of {smaller} images (not {batch_size}), so the "
                    f"limit covers {limit:.0%} of each rank's {shard}")
     return smaller
-
-
-def check_schedule_length(saved_total: int, planned: int) -> None:
-    """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
-    if saved_total != planned:
-        raise UserError(
-            f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
-            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
-        )

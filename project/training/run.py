@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -27,17 +26,15 @@ from project.hardware.devices import (
     resolve_hardware,
     warm_up_cuda,
 )
-from project.reliability import runs
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_files import (
     check_outputs_writable,
-    claim_run_folder,
     log_hparams_with_results,
     log_run_text,
-    save_config,
-    write_results,
+    run_dir,
 )
+from project.reliability.run_folder import RunFolder
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.results.export import check_exportable, save_program
 from project.training.build import (
@@ -46,12 +43,11 @@ from project.training.build import (
     build_model,
     build_trainer,
     global_batch,
-    run_dir,
 )
 from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
-from project.training.plan import train_batches
-from project.training.recipe_checks import DataCard, announce, checked_data_card, log_card
+from project.training.data_card import DataCard, announce, checked_data_card, log_card
+from project.training.plan import planned_steps, train_batches
 from project.training.steps_per_call import CAPTURED_STEP, LIGHTNING_STEP_OVERHEAD_S, plan_steps
 from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
@@ -154,23 +150,10 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     L.seed_everything(config.seed, workers=True, verbose=False)
     try:
         plan = plan_run(config, datamodule, test)
-        named = Path(plan.config.logdir) / plan.config.name / str(plan.config.run_version)
-        existed = plan.config.run_version is not None and named.exists()
-        config = claim_run_folder(plan.config, resuming=plan.resume is not None)  # after every refusal
-        folder = Path(config.logdir) / config.name / str(config.run_version)
-        try:
-            result = run_plan(plan, config, callbacks, test, on_tested)
-        except BaseException as err:
-            if is_rank_zero(config):
-                runs.end_record(folder, err)
-                if not existed and isinstance(err, UsageError):
-                    remove_refused(folder)
-            raise
-        if is_rank_zero(config):
-            runs.end_record(folder, None)
-        return result
+        with RunFolder.opened(plan.config, resuming=plan.resume is not None) as (folder, config):  # after refusals
+            return run_plan(plan, config, folder, callbacks, test, on_tested)
     finally:
-        runs.release_all()
+        RunFolder.release_all()  # a resume's folder is held from the moment it is chosen
 
 
 def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool) -> Plan:
@@ -185,10 +168,10 @@ def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool)
         datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
     train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
     card = checked_data_card(datamodule)  # statistics declared wrong: refused now
-    resume = checkpoint_to_resume(config, train_size, world_size)
+    resume = checkpoint_to_resume(config, planned_steps(config, train_size, world_size), world_size)
     config = continue_in_its_folder(config, resume)
     check_outputs_writable(config)
-    steps_per_call, steps_reason = plan_steps(config, datamodule)
+    steps_per_call, steps_reason = plan_steps(config, datamodule, build_model)
     if resume and resume.chose_steps_per_call(steps_per_call):
         steps_reason = "auto: as the run it resumes chose"
     step_mode, step_mode_reason = capture_plan(config, resolve_accelerator(config.accelerator), steps_per_call,
@@ -203,7 +186,7 @@ def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool)
     return Plan(config, datamodule, model, resume, steps_per_call, steps_reason, step_mode, step_mode_reason, card)
 
 
-def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test: bool,
+def run_plan(plan: Plan, config: RunConfig, folder: RunFolder | None, callbacks: Sequence[Callback], test: bool,
              on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
     """Fit, test and record the planned run in its claimed folder (``config`` names it)."""
     datamodule, model, resume = plan.datamodule, plan.model, plan.resume
@@ -215,7 +198,7 @@ def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test:
             config = record.config = tune(trainer, model, datamodule, config)
             log_run_text(trainer, config)
             log_card(trainer, plan.card)
-            config_file = save_config(trainer, config) if trainer.is_global_zero and not config.fast_dev_run else None
+            config_file = folder.save_config(config) if folder is not None else None
             with reported_failures():
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
                 metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
@@ -236,19 +219,6 @@ def run_plan(plan: Plan, config: RunConfig, callbacks: Sequence[Callback], test:
         finally:
             close_loggers(trainer)
     return result
-
-
-def is_rank_zero(config: RunConfig) -> bool:
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-    return rank_zero_only.rank == 0 and not config.fast_dev_run
-
-
-def remove_refused(folder: Path) -> None:
-    """A new run that Lightning's own checks refused (the cluster, a setting checked when the fit starts) leaves no
-    folder behind: what the run made in it before the refusal goes with it; a folder with a checkpoint stays."""
-    if folder.is_dir() and not (folder / "checkpoints").exists():
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_fits(model: L.LightningModule, resume: Resume) -> None:
@@ -295,7 +265,7 @@ def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, sign
            on_tested: Callable[[dict[str, float]], None] | None) -> None:
     """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
     result.run_dir = run_dir(trainer)
-    write_results(result.run_dir / "results.json", result.record())
+    RunFolder(result.run_dir).write_results(result.record())
     if on_tested is not None:
         on_tested(result.test_metrics)
     signals.check("after the test (its metrics are above); model.pth is not written yet: continue with --resume last")
@@ -365,7 +335,7 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
     trainer_args = {f"trainer.{key}": value for key, value in config.trainer.items()}
     hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}
     log_hparams_with_results(trainer, hparams, ("val/acc_best", *(("test/acc",) if result.test_metrics else ())))
-    write_results(result.run_dir / "results.json", result.record())
+    RunFolder(result.run_dir).write_results(result.record())
 
 
 @contextmanager

@@ -23,8 +23,8 @@ from lightning.pytorch.callbacks import Callback
 from project.config.schema import RunConfig
 from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
+from project.hardware.device_step import advance_schedule
 from project.training.callbacks import LoggedLossBar
-from project.training.device_step import advance_schedule
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
@@ -61,10 +61,10 @@ def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -
     return None
 
 
-def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device,
-                          datamodule: Any = None) -> tuple[int, str]:
+def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device, datamodule: Any = None,
+                          new_model: Callable[[RunConfig], Any] | None = None) -> tuple[int, str]:
     """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time
-    (of the recipe's model on a batch of ``datamodule``'s training split)."""
+    (of the recipe's model, ``new_model(config)``, on a batch of ``datamodule``'s training split)."""
     reason = why_one_step(config, world_size, bool(getattr(datamodule, "per_sample", False)))
     if config.steps_per_call != "auto":
         if reason and config.steps_per_call > 1:
@@ -76,7 +76,7 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
     if device.type == "cuda" and _will_capture(config):
         return steps_for(0.0001, config.log_every_n_steps), CAPTURED_STEP
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
-        step = measure_step_seconds(config, datamodule, device)
+        step = measure_step_seconds(config, datamodule, device, new_model)
     return steps_for(step, config.log_every_n_steps), f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's " \
                                                       f"per-step cost about {LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
 
@@ -89,14 +89,15 @@ def _will_capture(config: RunConfig) -> bool:
         == "graphs"
 
 
-def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
-    """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``."""
+def plan_steps(config: RunConfig, datamodule: Any, new_model: Callable[[RunConfig], Any]) -> tuple[int, str]:
+    """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``. ``new_model`` builds the
+    recipe's module for a config (``project.training.build.build_model``), whose step ``auto`` times."""
     from project.hardware.devices import expected_world_size, resolve_accelerator
 
     world_size = expected_world_size(config)
     shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
     k, reason = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
-                                      torch.device(resolve_accelerator(config.accelerator)), datamodule)
+                                      torch.device(resolve_accelerator(config.accelerator)), datamodule, new_model)
     # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
     datamodule.steps_per_call = k
     # Groups (the module steps itself) wherever K may change: auto may raise a K of 1 as the run goes.
@@ -106,17 +107,15 @@ def plan_steps(config: RunConfig, datamodule: Any) -> tuple[int, str]:
     return k, reason
 
 
-def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device, budget_s: float = 0.3,
-                         most: int = 200) -> float:
+def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device,
+                         new_model: Callable[[RunConfig], Any], budget_s: float = 0.3, most: int = 200) -> float:
     """Time of one training step of the run itself: the recipe's model and loss (``batch_loss``), on a batch
     of its training data at its batch size, backward and an optimizer step, on its device and precision.
 
     The fastest of as many steps as fit in ``budget_s`` (at least 5): a busy machine's pauses come
     and go, and a step that met none of them is the step's own cost.
     """
-    from project.training.build import build_model
-
-    module = build_model(config.replace(compile=None, cuda_graphs=False)).to(device)
+    module = new_model(config.replace(compile=None, cuda_graphs=False)).to(device)
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
     size = min(config.batch_size, len(datamodule.train_set))
     batch = [part.to(device) for part in datamodule.train_set.__getitems__(list(range(size)))]

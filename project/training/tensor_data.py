@@ -11,7 +11,7 @@ same for every recipe.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,14 @@ class TensorDataModule(L.LightningDataModule):
         shape = (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
         return torch.tensor(self.mean, device=device).view(shape), torch.tensor(self.std, device=device).view(shape)
 
+    @staticmethod
+    def open_image(path: str | os.PathLike, use: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """``use(image)`` on the Pillow image in ``path``, any problem with the file an ``ImageError`` in one line
+        (for a recipe's own ``read_image``)."""
+        from project.results.image_files import with_image
+
+        return with_image(path, use)
+
     def read_image(self, path: str | os.PathLike) -> torch.Tensor:
         """An image file as one network input: resized to ``input_shape``, turned to the training images'
         polarity, normalised (``ImageError`` if unusable)."""
@@ -338,8 +346,3 @@ class TensorDataModule(L.LightningDataModule):
             self._resume_at = (int(state_dict["epoch"]), int(state_dict["samples_done"]))
             if self._train_sampler is not None:
                 self._train_sampler.resume(*self._resume_at)
-
-
-def data_position(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """Where in the epoch's data order a checkpoint was taken (the datamodule's ``state_dict``), if it says."""
-    return next((v for v in checkpoint.values() if isinstance(v, dict) and "samples_done" in v), None)

@@ -13,7 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from project.config.schema import BASE_BATCH, RunConfig
 from project.errors import UsageError
-from project.training.build import global_batch, run_dir
+from project.reliability.run_files import run_dir
+from project.training.build import global_batch
 from project.training.classifier import ClassifierModule
 from project.training.tensor_data import TensorDataModule
 
