@@ -180,3 +180,42 @@ def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(t
     runs.release_all()
     assert len(outcomes) == 2 and outcomes.count("claimed") == 1
     assert "exists; runs never share a folder" in next(o for o in outcomes if o != "claimed")
+
+
+@pytest.mark.parametrize(("mode", "values", "expected"), [
+    ("F", [0.0, 0.5, 1.0], [0, 128, 255]),  # floats in [0, 1]: scaled by 255
+    ("F", [0.0, 1.5, 255.0], [0, 2, 255]),  # floats past 1: already 0-255
+    ("F", [-3.0, 0.25, 1.0], [0, 64, 255]),  # below 0: clipped, not wrapped
+    ("I;16", [0, 32768, 65535], [0, 128, 255]),  # 16-bit: the whole range
+    ("I;16B", [0, 257, 65535], [0, 1, 255]),
+    ("I", [0, 128, 255], [0, 128, 255]),  # 32-bit integers within 8 bits: kept
+    ("I", [0, 256, 65535], [0, 1, 255]),  # past 8 bits: read as 16-bit
+])
+def test_each_depth_is_scaled_to_8_bits_exactly(mode, values, expected):
+    """Against the arithmetic by hand: round(value x 255 / top), top the depth's largest value."""
+    from project.results.image_files import eight_bit
+
+    dtype = {"F": np.float32, "I;16": np.uint16, "I;16B": ">u2", "I": np.int32}[mode]
+    image = Image.frombytes(mode, (3, 1), np.array(values, dtype=dtype).tobytes())
+    assert image.mode == mode
+    converted = eight_bit(image)
+    assert converted.mode == "L" and list(converted.tobytes()) == expected
+
+
+def test_each_reason_an_image_file_cannot_be_used_is_its_own_line(tmp_path):
+    from project.results.image_files import with_image
+
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "notes.png").write_text("not a picture")
+    Image.new("L", (64, 64), 90).save(tmp_path / "whole.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "whole.png").read_bytes()[:60])
+    (tmp_path / "folder.png").mkdir()
+    reasons = {"missing.png": "no such file", "folder.png": "is a directory", "pipe": "not a regular file",
+               "notes.png": "not an image file (or a format Pillow cannot read)"}
+    for name, reason in reasons.items():
+        with pytest.raises(ImageError) as refused:
+            with_image(tmp_path / name, lambda image: image)
+        assert str(refused.value) == reason
+    with pytest.raises(ImageError, match=r"^cannot decode the image \(.+\)$"):
+        with_image(tmp_path / "cut.png", lambda image: image)
+    assert with_image(tmp_path / "whole.png", lambda image: image.getpixel((0, 0))) == 90

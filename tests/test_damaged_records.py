@@ -84,6 +84,29 @@ def test_the_checked_reader_names_each_damage(tmp_path, name, change, reason):
     assert read_mapping(tmp_path / "missing.json", fields) == {}
 
 
+def test_the_edges_of_each_range_are_records_a_run_writes(tmp_path):
+    """Step 0 (a run stopped before its first step), accuracies of exactly 0 and 1, a start just after the epoch:
+    all read as written; one past each edge is damage; a record that cannot be read at all is one line too."""
+    from project.reliability.records import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
+
+    edges = [("run.json", RUN_FIELDS, {"step": 0, "started": 0.5, "best_score": None, "error": None}),
+             ("results.json", RESULT_FIELDS, {"test/acc": 0.0, "val/acc_best": 1.0, "weights": None}),
+             ("results.json", RESULT_FIELDS, {"test/acc": 1.0, "val/acc_best": float("nan")})]
+    for name, fields, values in edges:
+        (tmp_path / name).write_text(json.dumps(values))
+        assert json.dumps(read_mapping(tmp_path / name, fields)) == json.dumps(values)
+    for name, fields, values in [("run.json", RUN_FIELDS, {"started": 0}), ("run.json", RUN_FIELDS, {"started": 1e10}),
+                                 ("results.json", RESULT_FIELDS, {"test/acc": -1e-9}),
+                                 ("results.json", RESULT_FIELDS, {"global_batch": 0})]:
+        (tmp_path / name).write_text(json.dumps(values))
+        with pytest.raises(DamagedRecord):
+            read_mapping(tmp_path / name, fields)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "run.json").mkdir()  # another tool made a folder of that name
+    with pytest.raises(DamagedRecord, match=r"run.json: cannot read it \(Is a directory\)"):
+        read_mapping(tmp_path / "folder" / "run.json", RUN_FIELDS)
+
+
 @pytest.fixture(scope="module")
 def damaged_runs(trained, tmp_path_factory) -> dict:
     """The trained run as version_0 (intact, oldest) and one copy per case (version_1..), each damaged its way."""
