@@ -17,15 +17,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_benchmark_args  # noqa: E402  (light: no torch)
-from project.errors import run_cli  # noqa: E402
+from project.errors import UsageError, run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from project.benchmark import runner as bench
+    import tempfile
 
-    results = bench.run_all(args, Path(args.out))
-    if args.time_to_accuracy:
-        results["time_to_accuracy"] = bench.time_to_accuracy(Path(__file__).with_name("train.py"), args.data_dir)
+    from project.benchmark import runner as bench
+    from project.config.schema import RECIPE
+
+    with tempfile.TemporaryDirectory(prefix="benchmark-data-") as scratch:
+        if args.example_data:
+            if RECIPE.example_data is None:
+                raise UsageError(f"--example-data: the recipe {RECIPE.package} names no example_data")
+            args.data_dir = str(RECIPE.write_example_data(Path(scratch), args.example_data,
+                                                          max(args.example_data // 4, 1)))
+        results = bench.run_all(args, Path(args.out))
+        if args.time_to_accuracy:
+            results["time_to_accuracy"] = bench.time_to_accuracy(Path(__file__).with_name("train.py"),
+                                                                 args.data_dir)
     bench.report(results, Path(args.out))
     return 0
 

@@ -25,14 +25,20 @@ def main(args: argparse.Namespace) -> int:
     import tempfile
 
     from project.config.schema import RECIPE, RunConfig
+    from project.training.console import quiet_lightning_info
     from project.training.recipe_checks import check_recipe
+
+    quiet_lightning_info()  # the checks' findings, not the banners of the Trainers they run
 
     epochs = args.max_epochs or min(RunConfig().max_epochs, 4)
     with tempfile.TemporaryDirectory(prefix="recipe-data-") as scratch:
         data_dir = args.data_dir or str(RECIPE.write_example_data(Path(scratch)))
-        say(f"recipe {RECIPE.package} on {'its example data' if not args.data_dir else data_dir}")
-        # The example data is small: a share of it for validation, whatever the recipe holds out of its real data.
-        config = RunConfig(data_dir=data_dir, max_epochs=epochs, **({} if args.data_dir else {"val_size": 0.2}))
+        # The example data is small: a share of it for validation, whatever the recipe holds out of its real data,
+        # and batches small enough for an epoch of several steps, whatever batch the recipe trains with.
+        example = {} if args.data_dir else {"val_size": 0.2, "batch_size": min(RunConfig().batch_size, 32)}
+        config = RunConfig(data_dir=data_dir, max_epochs=epochs, **example)
+        say(f"recipe {RECIPE.package} on " + (data_dir if args.data_dir else
+                                               f"its example data (batch {config.batch_size})"))
         findings = check_recipe(config, learn=not args.no_learn)
         for finding in findings:
             say(finding.line())

@@ -4,9 +4,11 @@
 #   2. every test marked `gpu` (pytest -m gpu over the whole suite, 4 workers), with a JUnit report;
 #   3. the default recipe on the GPU (scripts/train.py) and with --precision 16-mixed;
 #   4. the benchmark at batch 64 and 256 (fp32) and 1024 (bf16-mixed): the hand-written loop, eager and captured
-#      (the bound), against the template with and without CUDA graphs; the default command's own time.
+#      (the bound), against the template with and without CUDA graphs; the default command's own time;
+#   5. a compute-bound CNN (tests.cnn_recipe, batch 512 bf16-mixed) against its hand-written loop, with --compile;
+#      data on disk (tests.disk_recipe, PNG files, 4 workers) against a hand-written DataLoader on the same files.
 # Each step runs even if one before it failed, under a time limit; a table at the end says which passed,
-# and the exit code is the number that failed (a step past its limit fails with exit 124). Six files go to
+# and the exit code is the number that failed (a step past its limit fails with exit 124). Eight files go to
 # $OUT (where a remote runner collects them) or benchmark-results/: gpu-check.log (everything printed),
 # gpu-tests.xml, and each benchmark's .md. Offline, MNIST comes from DATA_DIR or ../shared/data.
 set -uo pipefail
@@ -60,7 +62,13 @@ step benchmark-1024 180 "$PY" scripts/benchmark.py --accelerator gpu --batch-siz
     --precision bf16-mixed --only "$BENCH_ROWS" --out "$WORK/gpu-1024"
 step own-time 180 "$PY" scripts/benchmark.py --accelerator gpu --only hand --epochs 1 --time-to-accuracy \
     --out "$WORK/gpu-own"
-for size in 64 256 1024 own; do
+step benchmark-cnn 300 env PROJECT_RECIPE=tests.cnn_recipe "$PY" scripts/benchmark.py --accelerator gpu \
+    --example-data 50000 --batch-size 512 --precision bf16-mixed --epochs 3 \
+    --only hand,bare,template-k1,template-auto,template-graphs,template-compile --out "$WORK/gpu-cnn"
+step benchmark-disk 240 env PROJECT_RECIPE=tests.disk_recipe "$PY" scripts/benchmark.py --accelerator gpu \
+    --example-data 20000 --batch-size 256 --num-workers 4 --epochs 2 --only hand,hand-samples,template-k1 \
+    --out "$WORK/gpu-disk"
+for size in 64 256 1024 own cnn disk; do
     cp "$WORK/gpu-$size/benchmark.md" "$OUT_DIR/benchmark-$size.md" 2>/dev/null
 done
 

@@ -86,9 +86,20 @@ def test_evaluate_and_predict_read_the_files_as_training_did(disk_run):
 
 
 def test_the_benchmark_runs_on_the_files(disk_run, tmp_path):
+    """The disk path against a hand-written DataLoader over the same files, at the same worker count."""
     script("benchmark.py", "--epochs", "1", "--limit", "64", "--batch-size", "32", "--accelerator", "cpu",
-           "--data-dir", str(disk_run["data"]), "--out", str(tmp_path))
-    rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
-    assert [row["key"] for row in rows] == ["hand", "article", "bare", "template-k1", "template-auto"]
-    assert all(row["epoch_s"] > 0 for row in rows)
-    assert torch.tensor([row["test_acc"] for row in rows]).isfinite().all()
+           "--num-workers", "1", "--data-dir", str(disk_run["data"]), "--out", str(tmp_path))
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    rows = {row["key"]: row for row in result["rows"]}
+    assert list(rows) == ["hand", "hand-samples", "article", "bare", "template-k1", "template-auto"]
+    assert result["train_samples"] == 64 and result["num_workers"] == 1
+    assert all(row["epoch_s"] > 0 and row["samples_per_s"] == pytest.approx(64 / row["epoch_s"])
+               for row in rows.values())
+    assert torch.tensor([row["test_acc"] for row in rows.values()]).isfinite().all()
+    # Rows that decode PNG files wait for them; each share is of its own epoch.
+    assert all(0 < rows[key]["data_wait"] < 1 for key in ("hand-samples", "article", "template-k1"))
+    assert rows["hand-samples"]["vs_hand_samples"] == 1.0
+    assert rows["template-k1"]["vs_hand_samples"] == pytest.approx(rows["template-k1"]["epoch_s"]
+                                                                   / rows["hand-samples"]["epoch_s"])
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "DataLoader workers 1;" in table and "| vs hand per-sample | waits for data |" in table

@@ -19,6 +19,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import PassThroughProfiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
@@ -64,6 +66,78 @@ def autocast(device: torch.device, precision: str, cache: bool = True) -> Any:
     return torch.autocast(device.type, enabled=False)
 
 
+class AugmentedByHand(Dataset):
+    """The recipe's ``augment`` as a hand-written loop applies it: with the worker's own random generator
+    (torchvision's random transforms' way), without the template's per-sample seeding."""
+
+    def __init__(self, dataset: Dataset, augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor]) -> None:
+        self.dataset, self.augment = dataset, augment
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        inputs, target = self.dataset[index]
+        return self.augment(inputs, torch.default_generator), target
+
+
+class FetchClock:
+    """Host seconds spent waiting for the next batch: the time a step cannot start because its data is not there."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, batches: Iterable) -> Iterator:
+        iterator = iter(batches)
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - began
+            yield batch
+
+
+class _FetchProfiler(PassThroughProfiler):
+    """Lightning's profiler hooks around each fetch of a training batch, kept only for the time it takes."""
+
+    def __init__(self, clock: FetchClock) -> None:
+        super().__init__()
+        self.clock, self._began = clock, None
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith("train_dataloader_next"):
+            self._began = time.perf_counter()
+
+    def stop(self, action_name: str) -> None:
+        if action_name.endswith("train_dataloader_next") and self._began is not None:
+            self.clock.seconds += time.perf_counter() - self._began
+            self._began = None
+
+
+class DataWait(Callback):
+    """The seconds each training epoch of a Lightning run waited for its batches, through the Trainer's own
+    profiler hooks (its profiler is put back when training ends)."""
+
+    def __init__(self) -> None:
+        self.clock, self.epoch_waits = FetchClock(), []
+        self._kept: Any = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._kept, trainer.profiler = trainer.profiler, _FetchProfiler(self.clock)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.seconds = 0.0
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epoch_waits.append(self.clock.seconds)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.profiler = self._kept
+
+
 @dataclass
 class BenchData:
     """The samples every row trains on and is tested on, and the recipe's network and loss to train."""
@@ -92,10 +166,12 @@ class BenchData:
                                       c.scheduler, c.warmup_steps, total_steps, device)
 
 
-def bench_data(args: argparse.Namespace) -> BenchData:
-    """The recipe's training split (its first ``--limit`` samples) and test set, loaded once."""
+def bench_data(args: argparse.Namespace, device: torch.device) -> BenchData:
+    """The recipe's training split (its first ``--limit`` samples) and test set, loaded once; per-sample data is read
+    by the run's (or ``--num-workers``) DataLoader workers into pinned memory on a GPU."""
+    workers = {} if args.num_workers is None else {"num_workers": args.num_workers}
     config = RunConfig(data_dir=args.data_dir, batch_size=args.batch_size, accelerator=args.accelerator,
-                       precision=args.precision)
+                       precision=args.precision, pin_memory=device.type == "cuda", **workers)
 
     def datamodule(per_sample: bool | None = None) -> TensorDataModule:
         data = build_datamodule(config, per_sample)
@@ -145,17 +221,30 @@ def evaluate(network: nn.Module, test: TensorPairs, device: torch.device, normal
 
 def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precision: str,
               data: BenchData) -> dict[str, Any]:
-    """The article's loop (``kind="article"``: a per-sample Dataset and DataLoader, unnormalised inputs as the
-    article feeds them, its plain SGD, fixed only to run), or a lean hand-written one over tensors on the device
-    (batches by shuffled index) with the run's optimizer and schedule."""
+    """A hand-written loop with the run's optimizer and schedule: ``"hand"``, lean, over tensors on the device
+    (batches by shuffled index); ``"samples"``, over the recipe's per-sample training split (for a folder of
+    images, its ``ImageFolder``) in a DataLoader with the run's workers, pinned memory on a GPU, normalised on the
+    device, augmented as the recipe augments, as a user writes it by hand;
+    ``"article"``, the article's loop (a per-sample DataLoader, unnormalised inputs as the article feeds them, its
+    plain SGD), fixed only to run."""
     network, loss_fn = data.network()
     network.to(device)
     unnormalize: Callable | None = None
-    if kind == "article":
-        optimizer, scheduler = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR), None
-        loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
-        to_pixels = data.datamodule().to_image
-        unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
+    if kind in ("article", "samples"):
+        if kind == "article":
+            optimizer, scheduler = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR), None
+            loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
+            to_pixels = data.datamodule().to_image
+            unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
+        else:
+            optimizer, scheduler = data.optimizer(network, data.steps(args.epochs + 1, args.batch_size), device)
+            workers, datamodule = data.config.num_workers, data.datamodule()
+            samples = data.per_sample if datamodule.augment is None else AugmentedByHand(data.per_sample,
+                                                                                          datamodule.augment)
+            loader = DataLoader(samples, batch_size=args.batch_size, shuffle=True, num_workers=workers,
+                                pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+            prepare = datamodule.normalize
 
         def batches() -> Iterable:
             return loader
@@ -167,20 +256,27 @@ def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precisi
             order = torch.randperm(len(labels), device=device)
             return ((inputs[i], labels[i]) for i in order.split(args.batch_size))
 
-    times = []
+    times, waits = [], []
     with counting_syncs(device) as caught:
         for _ in range(args.epochs + 1):
-            times.append(_epoch(network, optimizer, scheduler, loss_fn, batches(), device, precision))
-    return {"epoch_times": times[1:], "test_acc": evaluate(network, data.test, device, unnormalize),
+            clock = FetchClock()
+            times.append(_epoch(network, optimizer, scheduler, loss_fn, clock.timed(batches()), device, precision,
+                                prepare))
+            waits.append(clock.seconds)
+    return {"epoch_times": times[1:], "warm_up_s": times[0], "wait_times": waits[1:],
+            "test_acc": evaluate(network, data.test, device, unnormalize),
             "syncs_per_step": syncs_in(caught) / data.steps(args.epochs + 1, args.batch_size)}
 
 
 def _epoch(network: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, loss_fn: Callable,
-           batches: Iterable, device: torch.device, precision: str) -> float:
+           batches: Iterable, device: torch.device, precision: str,
+           prepare: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
     with EpochTimer(device) as timer:
         for inputs, targets in batches:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
+            if prepare is not None:
+                inputs = prepare(inputs)
             with autocast(device, precision):
                 loss = loss_fn(network(inputs).float(), targets)
             optimizer.zero_grad(set_to_none=True)
@@ -243,18 +339,21 @@ def hand_graphs(args: argparse.Namespace, device: torch.device, precision: str, 
     with torch.no_grad():  # undo the warm-up and the capture's own step
         for tensor, value in zip([*params, *buffers, step], saved, strict=True):
             tensor.copy_(value)
-    times = []
+    times, waits = [], []
     with counting_syncs(device) as caught:
         for _ in range(args.epochs + 1):
+            clock = FetchClock()
             with EpochTimer(device) as timer:
-                for index in torch.randperm(len(labels), device=device).split(args.batch_size):
+                for index in clock.timed(torch.randperm(len(labels), device=device).split(args.batch_size)):
                     if len(index) == args.batch_size:
                         static.copy_(index)
                         graph.replay()
                     else:
                         train_step(index)
             times.append(timer.seconds)
-    return {"epoch_times": times[1:], "test_acc": evaluate(network, data.test, device),
+            waits.append(clock.seconds)
+    return {"epoch_times": times[1:], "warm_up_s": times[0], "wait_times": waits[1:],
+            "test_acc": evaluate(network, data.test, device),
             "syncs_per_step": syncs_in(caught) / total}
 
 
@@ -321,17 +420,19 @@ def bare_lightning(args: argparse.Namespace, device: torch.device, precision: st
     train = data.train.to(device)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=RandomSampler(train), collate_fn=keep_batch)
     total = data.steps(args.epochs + 1, args.batch_size)
-    stats, module = EpochStats(), _Bare(*data.network(), lambda net: data.optimizer(net, total, device))
+    stats, wait = EpochStats(), DataWait()
+    module = _Bare(*data.network(), lambda net: data.optimizer(net, total, device))
     trainer = L.Trainer(accelerator=device.type, devices=1, precision=precision, max_epochs=args.epochs + 1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[stats], limit_val_batches=0)
+                        enable_model_summary=False, callbacks=[stats, wait], limit_val_batches=0)
     trainer.fit(module, train_dataloaders=loader)
     module.to(device)
-    return {"epoch_times": stats.epoch_times[1:], "test_acc": evaluate(module.net, data.test, device)}
+    return {"epoch_times": stats.epoch_times[1:], "warm_up_s": stats.epoch_times[0],
+            "wait_times": wait.epoch_waits[1:], "test_acc": evaluate(module.net, data.test, device)}
 
 
 def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | str, per_sample: bool | None = None,
-             cuda_graphs: bool | str = False) -> dict[str, Any]:
+             cuda_graphs: bool | str = False, compile_mode: str | None = None) -> dict[str, Any]:
     """``train()`` itself, with the run's default optimizer and schedule; on a GPU, with the host syncs it made per
     step."""
     from project.hardware.devices import resolve_accelerator
@@ -340,13 +441,15 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
     with tempfile.TemporaryDirectory() as logdir:
         config = data.config.replace(
             logdir=logdir, name="bench", max_epochs=args.epochs + 1, steps_per_call=steps_per_call,
-            cuda_graphs=cuda_graphs, trainer={"enable_progress_bar": False},
+            cuda_graphs=cuda_graphs, compile=compile_mode, trainer={"enable_progress_bar": False},
         )
         device = torch.device(resolve_accelerator(args.accelerator))
+        wait = DataWait()
         with counting_syncs(device, from_start=False) as caught:
-            callbacks = [SyncsInTrainingSteps()] if device.type == "cuda" else []
+            callbacks = [wait, SyncsInTrainingSteps()] if device.type == "cuda" else [wait]
             result = train(config, datamodule=data.datamodule(per_sample), callbacks=callbacks)
-    return {"epoch_times": result.epoch_times[1:], "test_acc": float(result.test_metrics["test/acc"]),
+    return {"epoch_times": result.epoch_times[1:], "warm_up_s": result.epoch_times[0],
+            "wait_times": wait.epoch_waits[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
             "cuda_graphs": result.step_mode == "graphs",
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

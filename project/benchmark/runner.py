@@ -23,49 +23,56 @@ from project.config.schema import RECIPE
 from project.errors import UsageError, UserError
 from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
-from project.training.console import quiet_known_warnings
+from project.training.console import quiet_lightning_info
 
 ROWS = {  # the references first: every row's ratios are known when it is printed
     "hand": "hand-written tensor loop",
     "hand-graphs": "hand-written loop, CUDA graphs",
+    "hand-samples": "hand-written loop, per-sample DataLoader",
     "article": "article loop (per-sample DataLoader, its plain SGD)",
     "bare": "bare Lightning (no callbacks, logger or bar)",
     "template-k1": "template, steps per call 1",
     "template-auto": "template, steps per call auto",
     "template-graphs": "template, steps per call auto, CUDA graphs",
     "template-samples": "template, per-sample DataLoader",
+    "template-compile": "template, steps per call auto, --compile",
 }
 GPU_ROWS = ("hand-graphs", "template-graphs")  # CUDA graphs: on a GPU only
-REFERENCES = {"vs_hand": "hand", "vs_hand_graphs": "hand-graphs"}
+OPT_IN_ROWS = ("template-compile",)  # minutes of compiling on a CPU: run only when --only names it
+REFERENCES = {"vs_hand": ("hand", "vs hand-written"), "vs_hand_graphs": ("hand-graphs", "vs hand captured"),
+              "vs_hand_samples": ("hand-samples", "vs hand per-sample")}
 
 
 def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Every row, each printed (stdout) and written to ``out`` as soon as it is measured."""
-    quiet_known_warnings()
+    """Every row, each printed (stdout) and written to ``out`` as soon as it is measured; Lightning's banners of
+    each row's Trainer are left out."""
+    quiet_lightning_info()
     device = torch.device(available_accelerator(args.accelerator))
     precision = resolve_precision(args.precision, args.accelerator)
-    data = bench_loops.bench_data(args)
+    data = bench_loops.bench_data(args, device)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "article": lambda: bench_loops.hand_loop("article", args, device, precision, data),
         "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, data),
+        "hand-samples": lambda: bench_loops.hand_loop("samples", args, device, precision, data),
         "hand-graphs": lambda: bench_loops.hand_graphs(args, device, precision, data),
         "bare": lambda: bench_loops.bare_lightning(args, device, precision, data),
         "template-k1": lambda: bench_loops.template(args, data, 1),
         "template-auto": lambda: bench_loops.template(args, data, "auto"),
         "template-graphs": lambda: bench_loops.template(args, data, "auto", cuda_graphs=True),
         "template-samples": lambda: bench_loops.template(args, data, 1, per_sample=True),
+        "template-compile": lambda: bench_loops.template(args, data, "auto", compile_mode="default"),
     }
     missing = {}
     if data.per_sample is None:  # the recipe has no per-sample dataset: the rows that need one cannot run
-        missing.update(dict.fromkeys(("article", "template-samples"), "it needs the recipe's per-sample dataset, "
-                                     "load_samples"))
+        missing.update(dict.fromkeys(("article", "hand-samples", "template-samples"),
+                                     "it needs the recipe's per-sample dataset, load_samples"))
     elif data.reads_samples:
         missing["template-samples"] = "the recipe reads per sample anyway: it is the template rows"
     if device.type != "cuda":
         missing.update(dict.fromkeys(GPU_ROWS, "CUDA graphs need a GPU"))
     elif precision == "16-mixed" or data.config.optimizer != "sgd":
         missing["hand-graphs"] = "the hand-written captured loop is plain SGD without a loss scaler"
-    wanted = [k for k in ROWS if k not in missing] if args.only == "all" else \
+    wanted = [k for k in ROWS if k not in missing and k not in OPT_IN_ROWS] if args.only == "all" else \
         [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = next((k for k in wanted if k not in runners or k in missing), None)
     if unknown:
@@ -75,7 +82,8 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
         "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": RECIPE.name,
         "steps_per_epoch": data.steps(1, args.batch_size),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": [],
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "num_workers": data.config.num_workers,
+        "references": [name for name, (key, _) in REFERENCES.items() if key in wanted], "rows": [],
     }
     with _writing(out, "make the folder", UsageError):
         out.mkdir(parents=True, exist_ok=True)
@@ -86,8 +94,10 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         epoch = statistics.median(measured["epoch_times"])
         row = {"key": key, "implementation": ROWS[key], "epoch_s": epoch,
                "step_us": epoch / results["steps_per_epoch"] * 1e6, "samples_per_s": len(data.train) / epoch,
+               "data_wait": statistics.median(w / t for w, t in zip(measured["wait_times"], measured["epoch_times"],
+                                                                     strict=True)),
                **measured}
-        for name, reference in REFERENCES.items():
+        for name, (reference, _) in REFERENCES.items():
             base = next((r["epoch_s"] for r in [*results["rows"], row] if r["key"] == reference), None)
             row[name] = epoch / base if base else None
         results["rows"].append(row)
@@ -97,6 +107,21 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 IMPORTS = "import torch, lightning, torchvision, torchmetrics"  # what any script of the kind must import
+
+
+def own_import_seconds(env: dict[str, str]) -> tuple[float, float]:
+    """Seconds of importing what ``train.py`` runs on, in a fresh interpreter (``python -X importtime``): all of
+    it, and the project's own modules' share (their self time; the libraries they import are not theirs)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import project.training.run"], env=env,
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, check=True)
+    total = own = 0
+    for line in done.stderr.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) != 3 or not fields[0].strip().isdigit():
+            continue  # the header, or anything else on stderr
+        total += int(fields[0])
+        own += int(fields[0]) if fields[2].strip().split(".")[0] == "project" else 0
+    return total / 1e6, own / 1e6
 
 
 def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]:
@@ -122,39 +147,53 @@ def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]
                 if match and printed_at is None:
                     printed_at, accuracy = time.perf_counter() - started, float(match.group(1))
         wall = time.perf_counter() - started
+    all_imports, project_imports = own_import_seconds(env)
     return {"command": "python scripts/train.py", "printed_s": printed_at, "wall_s": wall, "test_acc": accuracy,
-            "exit_code": process.returncode, "imports_s": min(imports), "own_s": wall - min(imports)}
+            "exit_code": process.returncode, "imports_s": min(imports), "own_s": wall - min(imports),
+            "train_imports_s": all_imports, "project_imports_s": project_imports}
 
 
 def _gpu(results: dict[str, Any]) -> bool:
     return results["device"].startswith("cuda")
 
 
+def _columns(results: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    """The table's columns: a ratio for each reference row measured, host syncs on a GPU."""
+    def ratio(name: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: f"{r[name]:.2f}x" if r.get(name) else "-"
+
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("epoch time (s)", lambda r: f"{r['epoch_s']:.3f}"),
+        ("µs per step", lambda r: f"{r['step_us']:,.0f}"),
+        ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+        *((REFERENCES[name][1], ratio(name)) for name in results["references"]),
+        ("waits for data", lambda r: f"{r['data_wait']:.0%}"),
+        ("warm-up epoch (s)", lambda r: f"{r['warm_up_s']:.2f}"),
+        ("test acc", lambda r: f"{r['test_acc']:.4f}"),
+        ("steps per call", lambda r: str(r.get("steps_per_call", "-"))),
+    ]
+    if _gpu(results):
+        columns.append(("host syncs per step",
+                        lambda r: f"{r['syncs_per_step']:.2f}" if "syncs_per_step" in r else "-"))
+    return columns
+
+
 def _header(results: dict[str, Any]) -> str:
-    gpu = _gpu(results)
-    timing = "CUDA events" if gpu else "the host's clock"
+    timing = "CUDA events" if _gpu(results) else "the host's clock"
+    columns = _columns(results)
     return "\n".join([
         f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
-        f"{results['train_samples']} samples ({results['steps_per_epoch']} steps) per epoch; median of "
-        f"{results['timed_epochs']} timed epochs after one warm-up epoch, timed with {timing}",
+        f"{results['train_samples']} samples ({results['steps_per_epoch']} steps) per epoch, "
+        f"DataLoader workers {results['num_workers']}; median of {results['timed_epochs']} timed epochs after one "
+        f"warm-up epoch, timed with {timing}",
         "",
-        "| implementation | epoch time (s) | µs per step | samples/s | vs hand-written |"
-        + (" vs hand captured |" if gpu else "") + " test acc | steps per call |" + (" host syncs per step |" if gpu
-                                                                                   else ""),
-        "|---|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|" + ("---:|" if gpu else ""),
+        "| implementation | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|" + "---:|" * len(columns),
     ])
 
 
 def _row(r: dict[str, Any], results: dict[str, Any]) -> str:
-    gpu = _gpu(results)
-
-    def ratio(name: str) -> str:
-        return f"{r[name]:.2f}x" if r.get(name) else "-"
-
-    syncs = (f" {r['syncs_per_step']:.2f} |" if "syncs_per_step" in r else " - |") if gpu else ""
-    return (f"| {r['implementation']} | {r['epoch_s']:.3f} | {r['step_us']:,.0f} | {r['samples_per_s']:,.0f} | "
-            f"{ratio('vs_hand')} |" + (f" {ratio('vs_hand_graphs')} |" if gpu else "")
-            + f" {r['test_acc']:.4f} | {r.get('steps_per_call', '-')} |{syncs}")
+    return f"| {r['implementation']} | " + " | ".join(cell(r) for _, cell in _columns(results)) + " |"
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -166,7 +205,8 @@ def _markdown(results: dict[str, Any]) -> str:
         lines += ["", f"time to accuracy: `{tta['command']}` printed test acc {acc} after {printed} "
                       f"(imports, data, fit, test); the process ended after {tta['wall_s']:.1f} s, of which "
                       f"{tta['imports_s']:.1f} s import torch, Lightning, torchvision and torchmetrics: its own time "
-                      f"{tta['own_s']:.1f} s"]
+                      f"{tta['own_s']:.1f} s. Importing what it runs on took {tta['train_imports_s']:.1f} s "
+                      f"(python -X importtime), of which the project's own modules {tta['project_imports_s']:.2f} s"]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from project.config.validators import (
     flag,
     flag_or_auto,
     image_file,
+    non_negative_int,
     one_of,
     output_folder,
     positive_int,
@@ -226,9 +227,15 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
                         "untimed (warm-up: allocations, kernel selection, capture)")
     parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
     parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
-    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--data-dir", help=DATA_DIR_HELP)
+    data.add_argument("--example-data", type=count, metavar="N", help="the recipe's example data instead: N "
+                      "training samples (and N/4 test) written to a temporary folder")
     parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
-    parser.add_argument("--only", default="all", help="rows to run: all, or e.g. hand,template-auto")
+    parser.add_argument("--num-workers", type=argparse_type(non_negative_int), metavar="N",
+                        help="DataLoader workers of the per-sample rows (default: the run's)")
+    parser.add_argument("--only", default="all", help="rows to run: all (but template-compile), or e.g. "
+                        "hand,template-auto,template-compile")
     parser.add_argument("--time-to-accuracy", action="store_true",
                         help="also time the whole default scripts/train.py command, imports included")
     parser.add_argument("--out", default="benchmark-results", type=argparse_type(output_folder),

@@ -41,6 +41,8 @@ def quiet_known_warnings() -> None:
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(_DropAdverts())
+    # --compile on a machine without CUDA: inductor says it found no CUDA runtime, which the run knows.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def quiet_lightning_info() -> None:
