@@ -149,6 +149,7 @@ def test_evaluate_and_predict_pass_over_damaged_runs_to_the_intact_one(damaged_r
     assert len(passed) == len(CASES) and all("damaged (" in line for line in passed)
 
 
+@pytest.mark.slow
 def test_resume_last_passes_over_them_and_one_named_is_refused_in_one_line(damaged_runs):
     common = ("--logdir", str(damaged_runs["logs"]), "--data-dir", str(damaged_runs["data"]))
     last = run_script("train.py", "--resume", "last", *common)

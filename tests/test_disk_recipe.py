@@ -85,6 +85,7 @@ def test_evaluate_and_predict_read_the_files_as_training_did(disk_run):
     assert len(rows) == 80 and correct / 80 == pytest.approx(evaluated["test/acc"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_the_files(disk_run, tmp_path):
     """The disk path against a hand-written DataLoader over the same files, at the same worker count."""
     script("benchmark.py", "--epochs", "1", "--limit", "64", "--batch-size", "32", "--accelerator", "cpu",

@@ -100,6 +100,7 @@ def test_a_run_started_from_a_command_with_credentials_writes_none(shared_tiny_d
     assert found_secrets(under=tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_tuners_draw_no_bar_into_a_log(shared_tiny_data, tmp_path):
     """stderr to a file: the LR finder's and batch-size finder's notes, one plain line per epoch, no tqdm bar."""
     log = tmp_path / "train.log"

@@ -57,6 +57,7 @@ def test_the_engines_recipe_passes_every_check(tmp_path):
     assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["tests.second_recipe", "tests.disk_recipe"])
 def test_the_example_recipes_pass_every_check(recipe):
     done = run_script("check_recipe.py", "--max-epochs", "3", env={"PROJECT_RECIPE": recipe})

@@ -69,6 +69,7 @@ def test_steps_per_call_trains_bitwise_the_same(second_recipe, tmp_path, steps_p
     assert results["test/acc"] == second_recipe["results"]["test/acc"]
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume_last_is_bitwise_the_same(second_recipe, tmp_path):
     template, data = second_recipe["template"], second_recipe["data"]
     args = ("--data-dir", str(data), "--logdir", str(tmp_path), *BARS)
@@ -84,6 +85,7 @@ def test_kill_9_mid_run_then_resume_last_is_bitwise_the_same(second_recipe, tmp_
                                newest_last_checkpoint(second_recipe["run"].parent.parent, "bars"))
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_ranks(second_recipe, tmp_path):
     done = run_in(second_recipe["template"], "train.py", "--data-dir", str(second_recipe["data"]), "--logdir",
                   str(tmp_path), *BARS, "--devices", "2", timeout=400)
@@ -186,6 +188,7 @@ def test_tensorboard_figures_show_the_recipes_images(second_recipe):
     assert 4 * 22 < confusion.width < 300 and 4 * 22 < confusion.height < 300  # 4 classes, labelled
 
 
+@pytest.mark.slow
 def test_the_lr_finder_picks_an_lr_the_run_trains_with(second_recipe, tmp_path):
     done = run_in(second_recipe["template"], "train.py", "--data-dir", str(second_recipe["data"]), "--logdir",
                   str(tmp_path), *BARS, "--find-lr")
@@ -210,6 +213,7 @@ def test_a_sweep_over_the_recipes_option(second_recipe, tmp_path):
     assert len(trials) == 2 and all("channels:\n- 4\n- 8" in (t / "config.yaml").read_text() for t in trials)
 
 
+@pytest.mark.slow
 def test_the_benchmark_trains_every_row_on_the_recipes_samples(second_recipe, tmp_path):
     args = ("--epochs", "1", "--limit", "128", "--batch-size", "32", "--accelerator", "cpu", "--data-dir",
             str(second_recipe["data"]), "--out", str(tmp_path))
