@@ -209,3 +209,52 @@ def test_the_progress_bar_counts_optimizer_steps_and_shows_the_logged_loss(data,
     assert result.steps_per_call == 4
     assert seen.counts == [(17, 17), (17, 17)]
     assert "train/loss=" in seen.postfix  # the value logged at the last logging step
+
+
+PLANS = [  # train size, batch, epochs, --trainer.* settings
+    (100, 32, 2, {}),
+    (96, 32, 3, {"accumulate_grad_batches": 2}),
+    (100, 16, 2, {"accumulate_grad_batches": 3}),
+    (100, 16, 3, {"max_steps": 10}),
+    (100, 16, 3, {"max_steps": -1}),
+    (100, 10, 2, {"limit_train_batches": 4}),
+    (100, 10, 2, {"limit_train_batches": 0.35, "accumulate_grad_batches": 2}),
+    (70, 8, 4, {"limit_train_batches": 0.5, "max_steps": 9}),
+]
+
+
+@pytest.mark.parametrize(("size", "batch", "epochs", "settings"), PLANS)
+def test_planned_steps_are_the_optimizer_steps_lightning_takes(size, batch, epochs, settings):
+    """The reference is a real fit: its global_step, under Lightning's own limits, accumulation and max_steps."""
+    import lightning as L
+
+    from project.config.schema import RunConfig
+    from project.training.plan import planned_steps
+
+    class Linear(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.TensorDataset(torch.randn(size, 2))
+    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, **settings)
+    trainer.fit(Linear(), torch.utils.data.DataLoader(data, batch_size=batch))
+    config = RunConfig(batch_size=batch, max_epochs=epochs, trainer=settings)
+    assert planned_steps(config, size, 1) == trainer.global_step
+
+
+@pytest.mark.parametrize(("size", "world_size", "batch"), [(100, 2, 16), (101, 2, 16), (99, 4, 8), (7, 3, 2)])
+def test_train_batches_per_rank_are_those_of_the_distributed_sampler(size, world_size, batch):
+    from project.config.schema import RunConfig
+    from project.training.plan import train_batches
+
+    sampler = torch.utils.data.DistributedSampler(range(size), num_replicas=world_size, rank=0, shuffle=False)
+    loader = torch.utils.data.DataLoader(range(size), batch_size=batch, sampler=sampler)
+    assert train_batches(RunConfig(batch_size=batch), size, world_size) == len(loader)
