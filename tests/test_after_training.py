@@ -155,3 +155,99 @@ def test_worst_mistakes_work_with_any_shard_size():
     worst.reset()
     worst.update(images[:4], log_probs[:4], targets[:4])
     assert len(worst.compute(OneProcess())["inputs"]) == 0  # none wrong
+
+
+def test_the_confusion_figure_shows_each_count_over_its_rows_share():
+    from project.results.figures import confusion_figure
+
+    counts = torch.tensor([[5, 0, 1], [2, 7, 0], [0, 0, 0]])
+    ax = confusion_figure(counts, "test set, accuracy 0.8").axes[0]
+    shares = ax.images[0].get_array()
+    expected = [[5 / 6, 0, 1 / 6], [2 / 9, 7 / 9, 0], [0, 0, 0]]  # a class never seen: an empty row, not NaN
+    assert torch.allclose(torch.tensor(shares.tolist(), dtype=torch.float64),
+                          torch.tensor(expected, dtype=torch.float64))
+    written = {(round(t.get_position()[1]), round(t.get_position()[0])): (t.get_text(), t.get_color())
+               for t in ax.texts}
+    assert written == {(0, 0): ("5", "white"), (0, 2): ("1", "black"), (1, 0): ("2", "black"),
+                       (1, 1): ("7", "white")}
+    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == ("test set, accuracy 0.8", "predicted", "true")
+    assert list(ax.get_xticks()) == list(ax.get_yticks()) == [0, 1, 2]
+
+
+def test_scalars_figure_draws_each_wanted_tag_that_the_run_holds_in_the_order_asked(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from project.errors import UserError
+    from project.results.figures import scalars_figure
+
+    with SummaryWriter(tmp_path) as writer:
+        for step in range(25):
+            writer.add_scalar("val/acc", step / 25, step)
+        for step in (0, 10, 20):
+            writer.add_scalar("train/loss", 2.0 - step / 10, step)
+    axes = scalars_figure(str(tmp_path), ["val/acc", "test/acc", "train/loss"]).axes
+    assert [ax.get_title() for ax in axes] == ["val/acc", "train/loss"]
+    (many,), (few,) = axes[0].lines, axes[1].lines
+    assert list(few.get_xdata()) == [0, 10, 20] and list(few.get_ydata()) == pytest.approx([2.0, 1.0, 0.0])
+    assert few.get_marker() == "o" and many.get_marker() == "None"  # markers only where points are few
+    assert list(many.get_xdata()) == list(range(25))
+    four = scalars_figure(str(tmp_path), ["val/acc", "train/loss", "val/acc", "train/loss"]).axes
+    assert len(four) == 6 and [ax.axison for ax in four] == [True] * 4 + [False] * 2  # 3 columns, 2 rows
+    with pytest.raises(UserError, match=r": none of the tags test/acc,x are in its event files$"):
+        scalars_figure(str(tmp_path), ["test/acc", "x"])
+    with pytest.raises(UserError, match=r": not a run folder \(no TensorBoard event files in it\)$"):
+        scalars_figure(str(tmp_path / "missing"), ["val/acc"])
+
+
+def test_the_program_is_written_whole_and_computes_what_the_network_does(tmp_path):
+    from torch import nn
+
+    from project.errors import UsageError
+    from project.results.export import save_program
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3)).eval()
+    path = save_program(network, (3, 2, 2), tmp_path / "out" / "model.pt2")
+    assert path == tmp_path / "out" / "model.pt2" and [p.name for p in path.parent.iterdir()] == ["model.pt2"]
+    program = torch.export.load(path).module()
+    for batch in (1, 7):  # any batch size, not only the example's
+        inputs = torch.rand(batch, 3, 2, 2)
+        torch.testing.assert_close(program(inputs), network(inputs))
+
+    class Branching(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if x.sum() > 0 else x  # data-dependent control flow: torch.export refuses it
+
+    with pytest.raises(UsageError, match=r"^--export-pt2: torch.export cannot export Branching \(.+\); drop "
+                                         r"--export-pt2 or make the network exportable$"):
+        save_program(Branching(), (3,), tmp_path / "b.pt2")
+    assert not (tmp_path / "b.pt2").exists()
+
+
+def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
+    from PIL import Image
+    from torch import nn
+
+    from project.results.evaluation import Classifier
+    from project.results.prediction import classify_files
+    from tests.tiny_recipe.data import TinyDataModule
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    pixels = (torch.rand(2, 28, 28) * 100).to(torch.uint8)  # light strokes on dark, as the recipe's images
+    for index, image in enumerate(pixels):
+        Image.fromarray(image.numpy(), "L").save(tmp_path / f"{index}.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    results = dict(classify_files(Classifier(network, "net"), [str(tmp_path)], topk=3))
+    assert list(results) == [tmp_path / "0.png", tmp_path / "1.png", tmp_path / "notes.txt"]
+    mean, std = TinyDataModule.mean[0], TinyDataModule.std[0]
+    for index, image in enumerate(pixels):
+        expected = torch.softmax(network(((image.float() / 255 - mean) / std)[None, None].float()), dim=1)[0]
+        top = expected.topk(3)
+        result = results[tmp_path / f"{index}.png"]
+        assert [c for c, _ in result["topk"]] == top.indices.tolist() and result["class"] == int(top.indices[0])
+        assert [p for _, p in result["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+        assert result["probability"] == result["topk"][0][1] and result["path"] == str(tmp_path / f"{index}.png")
+    assert isinstance(results[tmp_path / "notes.txt"], str) and "image" in results[tmp_path / "notes.txt"]
+    assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
+        tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are

@@ -133,8 +133,9 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
         config = adopt_run_settings(*parse_run_command(command))
     assert (config.seed, config.lr, config.scheduler, config.max_epochs, config.batch_size, config.val_size,
             config.trainer["gradient_clip_val"]) == (3, 0.05, "cosine", 3, 32, 40, 0.5)
-    said = caplog.text
-    assert all(f"{flag}," in said for flag in ("--lr 0.05", "--seed 3", "--max-epochs 3")) and "precision" not in said
+    checkpoint = tmp_path / "stopped" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"resuming {checkpoint} with its run's settings: --lr 0.05, --scheduler cosine, --seed 3, --val-size 40, " \
+           "--batch-size 32, --max-epochs 3, --trainer.gradient_clip_val 0.5\n" in caplog.text
     resumed = train(config)
     weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)
     reference = torch.load(uninterrupted.run_dir / "model.pth", weights_only=True)
@@ -262,3 +263,52 @@ def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
     assert Path(finished.best_checkpoint).name in rows[2]
     # The newest run that is not a smoke test is what the scripts take by default.
     assert runs.checkpoint_of("last", tmp_path, "tiny", "--resume")[1].folder.name == "job_12"
+
+
+@pytest.mark.parametrize(("state", "step", "error", "limited", "shown"), [
+    ("stopped", 9, None, (), "stopped at step 9"),
+    ("killed", 40, None, (), "killed at step 40"),
+    ("killed", None, None, (), "killed before its first checkpoint"),
+    ("stopped", None, None, (), "stopped before its first checkpoint"),
+    ("failed", 3, "CUDA out of memory", (), "failed: CUDA out of memory"),
+    ("failed", 3, None, (), "failed"),
+    ("running", 7, None, (), "running"),
+    ("finished", 14, None, ("fast_dev_run", "limit_train_batches"),
+     "finished (smoke: --trainer.fast_dev_run, --trainer.limit_train_batches)"),
+    ("damaged", None, "run.json: started is not a time", (), "damaged (run.json: started is not a time)"),
+])
+def test_each_state_is_described_as_docs_results_md_shows_it(state, step, error, limited, shown):
+    info = runs.RunInfo(folder=Path("v0"), started=0.0, state=state, step=step, limited=limited, test_acc=None,
+                        best=None, error=error)
+    assert info.describe() == shown
+
+
+def test_a_run_without_an_end_is_running_while_a_process_holds_it_and_killed_once_none_does(tmp_path):
+    """Whether the process that holds a folder lives is read from the kernel's lock, not from a pid that may since
+    belong to another process; a DataLoader worker forked from it does not keep the folder locked."""
+    folder = tmp_path / "tiny" / "version_0"
+    folder.mkdir(parents=True)
+    runs.write_record(folder, state="running", started=1.0, step=40, pid=4242, host="node7")
+    runs.own(folder, "--resume")
+    try:
+        assert runs.run_info(folder).state == "running"
+        with pytest.raises(UsageError, match=r"^--resume: .*version_0 is in use by a run still training "
+                                             r"\(pid 4242 on node7\); runs never share a folder"):
+            runs.RunLock(folder).acquire("--resume")
+        ready, told = os.pipe()
+        child = os.fork()
+        if child == 0:  # a worker: lives on, holding nothing once its fork hooks have run
+            os.write(told, b"1")
+            signal.pause()
+            os._exit(0)
+        try:
+            assert os.read(ready, 1) == b"1"
+            runs.release_all()
+            assert runs.run_info(folder).state == "killed"  # the worker still runs, the folder is free
+            assert runs.run_info(folder).describe() == "killed at step 40"
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+    finally:
+        runs.release_all()
+    runs.RunLock(folder).acquire("--resume").release()

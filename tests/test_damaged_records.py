@@ -228,3 +228,41 @@ def test_debug_shows_the_recipes_traceback(recipe_packages):
     assert done.returncode == 2 and "Traceback" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("runs.py: error: PROJECT_RECIPE=missing_dependency")
 
+
+
+def test_a_damaged_checkpoint_is_refused_with_what_is_wrong_with_it(tmp_path):
+    """torch.load's own messages for a damaged file are paragraphs, or a bare ``101``: each becomes a reason."""
+    import fractions
+    import io
+    import pickle
+    import warnings
+
+    import torch
+
+    from project.errors import CheckpointError
+    from project.reliability.checkpointing import read_checkpoint
+
+    def saved(obj: object) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    whole = saved({"state_dict": {"model.w": torch.ones(1000)}, "hyper_parameters": {}})
+    corrupt = "corrupt or not a PyTorch file"
+    cases = {
+        "cut.ckpt": (whole[: len(whole) // 2], f"{corrupt} (damaged or truncated archive)"),
+        "notes.ckpt": (b"hello world\n", f"{corrupt} (unreadable pickle data)"),
+        "header.ckpt": (b"\x80", f"{corrupt} (unreadable pickle data)"),
+        "x.ckpt": (b"x", f"{corrupt} (unreadable pickle data)"),
+        "short.ckpt": (b"\x80\x02", f"{corrupt} (it ends too early)"),
+        "pickle.ckpt": (pickle.dumps({"a": 1}, protocol=2), f"{corrupt} (Invalid magic number; corrupt file?)"),
+        "object.ckpt": (saved({"state_dict": fractions.Fraction(1, 2)}),
+                        "holds Python objects, not just tensors; refused for safety (weights_only loading)"),
+        "empty.ckpt": (b"", "empty file"),
+    }
+    for name, (content, reason) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with warnings.catch_warnings(), pytest.raises(CheckpointError) as refused:
+            warnings.simplefilter("ignore")
+            read_checkpoint(tmp_path / name)
+        assert str(refused.value) == f"{tmp_path / name}: {reason}", name

@@ -1,8 +1,10 @@
 """The engine's datamodule: seeded splits and order, batches by one gather (the MNIST files: project/recipe/tests)."""
 
+import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
-from project.training.samplers import EpochShuffleSampler
+from project.training.samplers import EpochShardSampler, EpochShuffleSampler, EvalShardSampler
 from project.training.tensor_data import TensorPairs
 from tests.tiny_recipe.data import TinyDataModule
 
@@ -62,3 +64,50 @@ def test_in_memory_batches_equal_per_sample_ones_for_the_same_indices(tiny_data)
     x, y = samples.on_after_batch_transfer((torch.stack([x for x, _ in picked]), torch.stack([y for _, y in picked])),
                                            0)
     assert torch.equal(images, x) and torch.equal(labels, y)
+
+
+@pytest.mark.parametrize(("size", "world"), [(10, 2), (11, 3), (5, 4)])
+def test_a_ranks_shard_is_distributed_samplers_and_resumes_after_the_samples_it_trained_on(size, world):
+    """The order Lightning's own DDP sampler gives (padded to a multiple of the world size), per epoch; a resume
+    skips the samples done in its epoch, in every iteration of that epoch, and no later; keyed: each index with
+    its epoch, for augmentation seeded by both."""
+    data = list(range(size))
+    for epoch in (0, 1):
+        shards = []
+        for rank in range(world):
+            ours, torchs = EpochShardSampler(data, world, rank, seed=5), DistributedSampler(
+                data, num_replicas=world, rank=rank, shuffle=True, seed=5)
+            ours.set_epoch(epoch)
+            torchs.set_epoch(epoch)
+            shards.append(list(ours))
+            assert shards[-1] == list(torchs) and len(shards[-1]) == len(ours) == -(-size // world)
+            keyed = EpochShardSampler(data, world, rank, seed=5, keyed=True)
+            keyed.set_epoch(epoch)
+            assert list(keyed) == [(index, epoch) for index in shards[-1]]
+        assert sorted({i for shard in shards for i in shard}) == data
+    resumed = EpochShardSampler(data, world, 1, seed=5)
+    resumed.resume(1, 1)  # Lightning iterates before it sets the epoch
+    first = DistributedSampler(data, num_replicas=world, rank=1, shuffle=True, seed=5)
+    first.set_epoch(1)
+    assert list(resumed) == list(resumed) == list(first)[1:]
+    resumed.set_epoch(2)
+    first.set_epoch(2)
+    assert list(resumed) == list(first)
+
+
+def test_a_keyed_shuffle_pairs_each_index_with_its_epoch():
+    plain, keyed = EpochShuffleSampler(range(9), seed=2), EpochShuffleSampler(range(9), seed=2, keyed=True)
+    for epoch in (0, 3):
+        plain.set_epoch(epoch)
+        keyed.set_epoch(epoch)
+        assert list(keyed) == [(index, epoch) for index in plain]
+    keyed.resume(4, 5)
+    assert [epoch for _, epoch in keyed] == [4] * 4
+
+
+@pytest.mark.parametrize(("size", "world"), [(10, 3), (2, 4)])
+def test_eval_shards_hold_each_sample_once_in_order(size, world):
+    shards = [list(EvalShardSampler(list(range(size)), world, rank)) for rank in range(world)]
+    assert sorted(i for shard in shards for i in shard) == list(range(size))
+    assert all(shard == sorted(shard) and len(shard) == len(EvalShardSampler(list(range(size)), world, rank))
+               for rank, shard in enumerate(shards))

@@ -95,6 +95,54 @@ def test_the_device_step_trains_like_torch_optim(name):
     assert int(module.train_acc.correct) == int(reference.train_acc.correct)
 
 
+class TwoPartNet(nn.Module):
+    """A body, a head, and a layer the loss never reaches (a recipe's unused auxiliary head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(20, 16), nn.ReLU())
+        self.head = nn.Linear(16, 4)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_the_device_step_keeps_each_parameter_groups_settings_and_leaves_what_has_no_gradient():
+    """Two parameter groups with their own LR, weight decay, momentum, dampening and Nesterov, a frozen bias and a
+    layer without gradients: 20 steps as torch.optim.SGD takes them."""
+    def built(net: nn.Module) -> tuple[ClassifierModule, torch.optim.Optimizer]:
+        module = ClassifierModule(net, num_classes=4)
+        net.body[1].bias.requires_grad_(False)
+        optimizer = torch.optim.SGD([
+            {"params": list(net.body.parameters()), "lr": 0.1, "weight_decay": 1e-2, "momentum": 0.9,
+             "nesterov": True},
+            {"params": [*net.head.parameters(), *net.unused.parameters()], "lr": 0.03, "weight_decay": 0.0,
+             "momentum": 0.5},
+        ], lr=0.5)
+        return module, optimizer
+
+    net = TwoPartNet()
+    reference, optimizer = built(copy.deepcopy(net))
+    module, device_optimizer = built(copy.deepcopy(net))
+    step = DeviceStep(module, device_optimizer, None, None, 0, 20)
+    images, targets = batches()
+    for x, y in zip(images[:20], targets[:20], strict=True):
+        loss = reference.batch_loss((x, y))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step(x, y)
+    trained, frozen = module.model, net.body[1].bias
+    for name, a in reference.model.named_parameters():
+        b = trained.get_parameter(name)
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), name
+    assert torch.equal(trained.body[1].bias, frozen)
+    assert all(torch.equal(a, b) for a, b in zip(trained.unused.parameters(), net.unused.parameters(), strict=True))
+    assert float((trained.head.weight - net.head.weight).abs().max()) > 1e-3  # the head trained at its own LR
+
+
 def test_the_host_schedule_jumps_where_stepping_would_take_it():
     for schedule in ("onecycle", "cosine"):
         _, optimizer, stepped = setup(network(), {"momentum": 0.9}, schedule)
@@ -129,6 +177,13 @@ def test_what_cannot_be_a_device_step_is_said_in_one_line():
     adam = torch.optim.Adam(module.parameters(), lr=0.01)  # not capturable, a Python LR
     with pytest.raises(NotCapturable, match="capturable=True and a tensor LR"):
         DeviceStep(module, adam, None, None, 0, STEPS)
+    for setting in ("maximize", "differentiable"):
+        sgd = torch.optim.SGD(module.parameters(), lr=0.01, **{setting: True})
+        with pytest.raises(NotCapturable, match="SGD with maximize or differentiable is not a device-side step"):
+            DeviceStep(module, sgd, None, None, 0, STEPS)
+    damped = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, dampening=0.3)
+    with pytest.raises(NotCapturable, match="SGD with dampening"):  # its first step would differ from torch's
+        DeviceStep(module, damped, None, None, 0, STEPS)
     rmsprop = torch.optim.RMSprop(module.parameters(), lr=0.01)
     with pytest.raises(NotCapturable, match="SGD, Adam or AdamW, not RMSprop"):
         DeviceStep(module, rmsprop, None, None, 0, STEPS)

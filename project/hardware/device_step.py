@@ -172,6 +172,8 @@ class DeviceStep:
         for group in optimizer.param_groups:
             if group.get("maximize") or group.get("differentiable"):
                 raise NotCapturable(f"{name} with maximize or differentiable is not a device-side step here")
+            if self.sgd and group.get("dampening"):  # torch's first step skips it; buffers made up front cannot
+                raise NotCapturable("SGD with dampening is not a device-side step here")
             if not self.sgd:
                 if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
                     raise NotCapturable(f"a captured step updates with SGD, Adam or AdamW, not {name}")

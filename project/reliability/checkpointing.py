@@ -208,7 +208,9 @@ def _load(path: Path, mmap: bool = False) -> Any:
 
 def _reason(text: str, err: Exception) -> str:
     """torch.load's messages run to paragraphs; keep what the user can act on."""
-    if "Weights only load failed" in text:
+    if isinstance(err, EOFError):
+        return "it ends too early"
+    if "Weights only load failed" in text or isinstance(err, (KeyError, IndexError)):  # the unpickler met garbage
         return "unreadable pickle data"
     if "PytorchStreamReader" in text or "zip archive" in text:
         return "damaged or truncated archive"
