@@ -229,7 +229,7 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     from torch import nn
 
     from project.results.evaluation import Classifier
-    from project.results.prediction import classify_files
+    from project.results.prediction import classify_files, escaped, render_row
     from tests.tiny_recipe.data import TinyDataModule
 
     torch.manual_seed(0)
@@ -248,6 +248,10 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
         assert [c for c, _ in result["topk"]] == top.indices.tolist() and result["class"] == int(top.indices[0])
         assert [p for _, p in result["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
         assert result["probability"] == result["topk"][0][1] and result["path"] == str(tmp_path / f"{index}.png")
+        assert render_row(result).split("\t") == [str(tmp_path / f"{index}.png"), str(result["class"]),
+                                                  f"{result['probability']:.4f}",
+                                                  *(f"{c}:{p:.4f}" for c, p in result["topk"][1:])]
     assert isinstance(results[tmp_path / "notes.txt"], str) and "image" in results[tmp_path / "notes.txt"]
+    assert escaped("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
     assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are

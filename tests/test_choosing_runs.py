@@ -96,9 +96,32 @@ def test_resume_auto_leaves_a_finished_run_without_checkpoints_alone(data, tmp_p
     first = train(config)
     folder = first.run_dir
     written = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != runs.RECORD}
-    with pytest.raises(NothingToDo, match="job_5 is finished"):
+    with pytest.raises(NothingToDo) as refused:
         train(config.replace(resume="auto", seed=1))
+    assert str(refused.value) == (f"{folder} is finished (test/acc {first.test_metrics['test/acc']:.4f}, weights "
+                                  f"{folder / 'model.pth'}); nothing to resume, nothing written")
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name in written} == written
+
+
+def test_resume_auto_starts_a_job_killed_before_its_first_checkpoint_again_with_its_logs_cleared(data, tmp_path):
+    """A requeued SLURM job whose first attempt died before any checkpoint: the same folder, one set of curves."""
+    config = tiny_config(data, tmp_path, run_version="job_6", logger="tensorboard,csv", log_every_n_steps=1,
+                         trainer={"enable_checkpointing": False, "enable_progress_bar": False}, **SHORT)
+    folder = train(config).run_dir
+    with open(folder / "metrics.csv", newline="") as stream:
+        before = [{k: v for k, v in row.items() if k not in TIMED} for row in csv.DictReader(stream)]
+    for name in ("results.json", "model.pth"):  # as if killed at its last step: logs written, no end
+        (folder / name).unlink()
+    runs.write_record(folder, state="running")
+    again = train(config.replace(resume="auto"))
+    assert again.run_dir == folder
+    with open(folder / "metrics.csv", newline="") as stream:
+        after = [{k: v for k, v in row.items() if k not in TIMED} for row in csv.DictReader(stream)]
+    assert after == before  # each row once: the first attempt's were cleared
+    from helpers import event_accumulator
+
+    losses = [event.step for event in event_accumulator(folder).Scalars("train/loss")]
+    assert losses == sorted(set(losses))
 
 
 def test_csv_logs_keep_their_rows_over_a_resume(data, tmp_path):

@@ -155,6 +155,29 @@ def test_the_host_schedule_jumps_where_stepping_would_take_it():
         assert optimizer2.param_groups[0]["momentum"] == optimizer.param_groups[0]["momentum"]
 
 
+def test_the_table_ends_with_the_schedule_and_leaves_a_tensor_lr_the_same_tensor():
+    """One-cycle asked for more steps than it has: its own steps, no error. Adam's tensor LR (a captured step reads
+    that very tensor) keeps its identity and value; a stepwise scheduler is moved on step by step."""
+    _, optimizer, cycling = setup(network(), {"momentum": 0.9}, "onecycle")
+    assert len(schedule_table(optimizer, cycling, STEPS + 25)) == STEPS + 1  # torch refuses the step after that
+    module = ClassifierModule(network(), num_classes=4)
+    rate = torch.tensor(0.01)
+    adam = torch.optim.Adam(module.parameters(), lr=rate, foreach=False)
+    onecycle = torch.optim.lr_scheduler.OneCycleLR(adam, max_lr=0.01, total_steps=STEPS, cycle_momentum=False)
+    table = schedule_table(adam, onecycle, STEPS)
+    assert adam.param_groups[0]["lr"] is rate and float(rate) == float(table[0, 0, 0]) != float(table[30, 0, 0])
+    for scheduler_class, settings in ((torch.optim.lr_scheduler.StepLR, {"step_size": 4, "gamma": 0.5}),
+                                      (torch.optim.lr_scheduler.ExponentialLR, {"gamma": 0.9})):
+        _, stepped_optimizer, _ = setup(network(), {"momentum": 0.9}, "none")
+        _, jumped_optimizer, _ = setup(network(), {"momentum": 0.9}, "none")
+        stepped, jumped = scheduler_class(stepped_optimizer, **settings), scheduler_class(jumped_optimizer, **settings)
+        for _ in range(9):
+            stepped.step()
+        advance_schedule(jumped, 9)
+        assert jumped.state_dict() == stepped.state_dict()
+        assert jumped_optimizer.param_groups[0]["lr"] == stepped_optimizer.param_groups[0]["lr"] < 0.2
+
+
 def test_a_step_whose_gradients_overflow_changes_nothing_but_the_loss_scale():
     module, optimizer, scheduler = setup(network(), {"momentum": 0.9}, "onecycle")
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
@@ -184,6 +207,9 @@ def test_what_cannot_be_a_device_step_is_said_in_one_line():
     damped = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9, dampening=0.3)
     with pytest.raises(NotCapturable, match="SGD with dampening"):  # its first step would differ from torch's
         DeviceStep(module, damped, None, None, 0, STEPS)
+    frozen = ClassifierModule(network().requires_grad_(False), num_classes=4)
+    with pytest.raises(NotCapturable, match="^the optimizer has no trainable parameters$"):
+        DeviceStep(frozen, torch.optim.SGD(frozen.parameters(), lr=0.1), None, None, 0, STEPS)
     rmsprop = torch.optim.RMSprop(module.parameters(), lr=0.01)
     with pytest.raises(NotCapturable, match="SGD, Adam or AdamW, not RMSprop"):
         DeviceStep(module, rmsprop, None, None, 0, STEPS)
