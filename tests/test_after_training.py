@@ -255,3 +255,26 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     assert escaped("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
     assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are
+
+
+def test_evaluates_table_lays_out_each_class_and_the_confusion_matrix():
+    from project.results.evaluation import render
+
+    results = {"source": "model.pth", "samples": 12, "test/acc": 0.75, "test/loss": 0.61234,
+               "per_class_acc": [1.0, 0.5, 0.75], "confusion_matrix": [[4, 0, 0], [1, 2, 1], [0, 1, 3]]}
+    assert render(results).split("\n") == [
+        "model     model.pth",
+        "test set  12 samples",
+        "test/acc  0.7500",
+        "test/loss 0.6123",
+        "",
+        "per-class accuracy",
+        "      0      1      2",
+        "  1.000  0.500  0.750",
+        "",
+        "confusion matrix (rows: true class, columns: predicted)",
+        "true      0     1     2",
+        "   0      4     0     0",
+        "   1      1     2     1",
+        "   2      0     1     3",
+    ]

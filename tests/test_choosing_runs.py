@@ -335,3 +335,14 @@ def test_a_run_without_an_end_is_running_while_a_process_holds_it_and_killed_onc
     finally:
         runs.release_all()
     runs.RunLock(folder).acquire("--resume").release()
+
+
+def test_logs_are_cut_back_over_an_empty_metrics_csv_and_a_row_a_kill_cut_short(tmp_path):
+    from project.reliability.run_files import roll_back_logs
+
+    (tmp_path / "metrics.csv").write_text("")  # a run killed as it made the file
+    roll_back_logs(tmp_path, 3)
+    assert (tmp_path / "metrics.csv").read_text() == ""
+    (tmp_path / "metrics.csv").write_bytes(b"epoch,step,train/loss\r\n0,1,0.5\r\n0,2,0.4\r\n0,3,0.3\r\n0\r\n")
+    roll_back_logs(tmp_path, 3)
+    assert (tmp_path / "metrics.csv").read_bytes() == b"epoch,step,train/loss\r\n0,1,0.5\r\n0,2,0.4\r\n"

@@ -190,7 +190,8 @@ def test_init_from_starts_a_new_run_from_the_weights(data, one_epoch, tmp_path):
     after = torch.load(result.last_checkpoint, weights_only=True)
     assert after["global_step"] == 20  # its own schedule, from step 0
     assert all(torch.allclose(after["state_dict"][k], start[k]) for k in start)  # an LR of 1e-30 moved nothing
-    with pytest.raises(UserError, match=r"--init-from .*: its weights do not fit this model \(size mismatch"):
+    with pytest.raises(UserError, match=r"--init-from .*: its weights do not fit this model \(size mismatch.*\); "
+                                        r"use the model settings it was trained with \(--hidden\)$"):
         train(tiny_config(data, tmp_path / "logs", max_epochs=1, hidden=[16], init_from=str(one_epoch)))
 
 
