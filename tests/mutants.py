@@ -199,6 +199,10 @@ MUTANTS = (
     Mutant("sweep-best-is-the-worst", "a sweep's best.yaml holds its best trial",
            "project/sweeps/report.py", "key=lambda t: t.value, reverse=True)", "key=lambda t: t.value, reverse=False)",
            ("tests/test_documented_promises.py::test_a_sweeps_best_yaml_holds_its_best_trial",)),
+    Mutant("card-trusts-the-declared-normalisation",
+           "a recipe normalising with other numbers than it declares is refused",
+           "project/training/data_card.py", "if low < -RANGE_TOLERANCE or high > 1 + RANGE_TOLERANCE:", "if False:",
+           ("tests/test_recipe_checks.py::test_a_recipe_normalising_with_other_numbers_than_it_declares_is_refused",)),
     # Broken recipes: each a classic recipe bug in an example recipe, which the recipe checks must catch.
     Mutant('recipe-labels-shuffled', 'the recipe checks catch labels out of step with their inputs (it learns)',
            'tests/second_recipe/data.py', '        return self.normalize(images.float() / 255), labels\n',

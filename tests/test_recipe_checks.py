@@ -15,8 +15,8 @@ from project.training.run import train
 
 def card(**changes) -> DataCard:
     values = dict(recipe="Digits", sizes={"train": 900, "val": 100, "test": 200}, input_shape=(1, 8, 8), num_classes=3,
-                  class_counts=[300, 310, 290], mean=(0.30,), std=(0.20,), declared_mean=(0.30,), declared_std=(0.20,),
-                  duplicates=0)
+                  class_counts=[300, 310, 290], mean=(0.30,), std=(0.20,), pixel_range=(0.0, 1.0),
+                  declared_mean=(0.30,), declared_std=(0.20,), duplicates=0)
     return DataCard(**{**values, **changes})
 
 
@@ -37,6 +37,35 @@ def test_statistics_declared_far_from_the_data_are_a_problem(declared_mean, decl
         assert problem.startswith("Digits declares mean") and "set mean = (0.30,), std = (0.20,)" in problem
 
 
+@pytest.mark.parametrize(("pixel_range", "wrong"), [
+    ((0.0, 1.0), False), ((-0.01, 1.015), False), ((0.57, 1.57), True), ((-0.05, 0.95), True), ((0.0, 255.0), True)])
+def test_inputs_outside_0_1_once_the_declared_normalisation_is_undone_are_a_problem(pixel_range, wrong):
+    """Statistics measured through a normalisation other than the declared one would only echo the declaration."""
+    problem = card(pixel_range=pixel_range).statistics_problem()
+    assert (problem is not None) == wrong, problem
+    if wrong:
+        assert f"range over [{pixel_range[0]:.2f}, {pixel_range[1]:.2f}], not pixels in [0, 1]" in problem
+
+
+def test_a_recipe_normalising_with_other_numbers_than_it_declares_is_refused(tmp_path, monkeypatch):
+    """The MNIST recipe normalises with its own constants: declaring another mean beside them (0.70 for pixels that
+    average 0.16) must not pass as 'measured as declared', or predict.py would invert every image it reads."""
+    from tests.tiny_recipe.data import MEAN, STD, TinyDataModule
+
+    def normalised_with_the_true_numbers(self, train):
+        pixels, labels = self._pixels(train)
+        return (pixels - MEAN) / STD, labels
+
+    data = make_tiny_data(tmp_path / "data")
+    monkeypatch.setattr(TinyDataModule, "load_tensors", normalised_with_the_true_numbers)
+    assert train(tiny_config(data, tmp_path / "right", max_epochs=1)) is not None
+    monkeypatch.setattr(TinyDataModule, "mean", (0.70,))
+    with pytest.raises(UsageError, match=r"TinyDataModule declares mean \(0.70,\) std \(0.30,\), but with that "
+                                         r"normalisation undone the training inputs range over \[0.54, 1.54\]"):
+        train(tiny_config(data, tmp_path / "logs", max_epochs=1))
+    assert not (tmp_path / "logs").exists()
+
+
 def test_leakage_past_one_percent_of_the_test_set_is_a_problem():
     assert card(duplicates=2).leakage_problem() is None
     assert "3 test inputs (2%) also occur in the training split" in card(duplicates=3).leakage_problem()
@@ -46,7 +75,8 @@ def test_shared_inputs_are_counted_bit_for_bit():
     train_inputs = torch.rand(500, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     nearly = train_inputs[7:9].clone()
     nearly[:, 0, 0, 0] += 1e-6  # one value of each changed by a hair: not the same input
-    test_inputs = torch.cat([train_inputs[100:111], nearly, torch.rand(30, 1, 8, 8)])
+    others = torch.rand(30, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    test_inputs = torch.cat([train_inputs[100:111], nearly, others])
     assert shared_inputs(train_inputs, test_inputs) == 11
 
 

@@ -20,6 +20,7 @@ from project.training.tensor_data import Augmented, TensorDataModule, TensorPair
 SAMPLED = 1000  # a recipe read per sample (files on disk): the card reads this many of each split
 MEAN_TOLERANCE = 0.1  # pixel units ([0, 1]): declared and measured means further apart are a wrong declaration
 STD_RATIO = 1.5  # a declared std more than this factor off the measured one, likewise
+RANGE_TOLERANCE = 0.02  # pixel units: inputs measured outside [0, 1] by more were not normalised as declared
 LEAKAGE_SHARE = 0.01  # test inputs also in the training split, as a share of the test set, past which it fails
 
 
@@ -39,6 +40,7 @@ class DataCard:
     class_counts: list[int]  # of the training split (of the samples read, where sampled)
     mean: tuple[float, ...]  # measured on the training split, in [0, 1] pixel units
     std: tuple[float, ...]
+    pixel_range: tuple[float, float]  # the training split's lowest and highest pixel, in the same units
     declared_mean: tuple[float, ...]
     declared_std: tuple[float, ...]
     duplicates: int  # test inputs that also occur in the training split
@@ -74,6 +76,11 @@ class DataCard:
                       for s, d in zip(self.std, self.declared_std, strict=False))
         declared = f"{self.recipe} declares mean {fmt_values(self.declared_mean)} std {fmt_values(self.declared_std)}"
         measured_mean, measured_std = fmt_values(self.mean), fmt_values(self.std)
+        low, high = self.pixel_range
+        if low < -RANGE_TOLERANCE or high > 1 + RANGE_TOLERANCE:
+            return (f"{declared}, but with that normalisation undone the training inputs range over [{low:.2f}, "
+                    f"{high:.2f}], not pixels in [0, 1]: its inputs are normalised with other numbers than it declares "
+                    "(normalise with self.normalize, which uses the declared mean and std) or are not in [0, 1]")
         if len(self.declared_mean) not in (1, len(self.mean)) or len(self.declared_std) not in (1, len(self.std)):
             return (f"{declared} for {len(self.mean)} channel(s): give one value per channel, {measured_mean} and "
                     f"{measured_std}")
@@ -121,18 +128,27 @@ def gather(datamodule: TensorDataModule, split: Dataset, limit: int | None = SAM
     return Split(inputs, torch.as_tensor([int(y) for _, y in items]), False, len(picked) < size)
 
 
-def pixel_statistics(datamodule: TensorDataModule, split: Split) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of a split's pixels in ``[0, 1]``: normalised inputs measured as they are, then the
-    declared normalisation undone on the two numbers (not on every pixel)."""
+@dataclass(frozen=True)
+class PixelStatistics:
+    mean: tuple[float, ...]  # per channel
+    std: tuple[float, ...]
+    range: tuple[float, float]  # lowest and highest pixel over all channels
+
+
+def pixel_statistics(datamodule: TensorDataModule, split: Split) -> PixelStatistics:
+    """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range: normalised inputs measured as
+    they are, then the declared normalisation undone on the numbers (not on every pixel). Inputs normalised with
+    other numbers than the declared ones come out of ``[0, 1]``: their statistics would only echo the declaration."""
     inputs = split.inputs.float().reshape(len(split.inputs), *datamodule.input_shape)
     dims = [d for d in range(inputs.dim()) if d != 1]
     var, mean = torch.var_mean(inputs, dim=dims)
-    std = var.sqrt()
+    std, low, high = var.sqrt(), inputs.amin(dim=dims), inputs.amax(dim=dims)
     if split.normalised:
         declared_mean = torch.tensor(datamodule.mean).expand_as(mean)
         declared_std = torch.tensor(datamodule.std).expand_as(std)
         mean, std = mean * declared_std + declared_mean, std * declared_std
-    return tuple(mean.tolist()), tuple(std.tolist())
+        low, high = low * declared_std + declared_mean, high * declared_std + declared_mean
+    return PixelStatistics(tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item()))
 
 
 def fingerprints(inputs: torch.Tensor) -> list[float]:
@@ -155,14 +171,15 @@ def shared_inputs(train: torch.Tensor, test: torch.Tensor) -> int:
 def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
     train, test = gather(datamodule, datamodule.train_set), gather(datamodule, datamodule.test_set)
-    mean, std = pixel_statistics(datamodule, train)
+    pixels = pixel_statistics(datamodule, train)
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
     return DataCard(
         recipe=type(datamodule).__name__,
         sizes={"train": len(datamodule.train_set), "val": len(datamodule.val_set), "test": len(datamodule.test_set)},
         input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes,
-        class_counts=counts.tolist(), mean=mean, std=std, declared_mean=tuple(datamodule.mean),
+        class_counts=counts.tolist(), mean=pixels.mean, std=pixels.std, pixel_range=pixels.range,
+        declared_mean=tuple(datamodule.mean),
         declared_std=tuple(datamodule.std), duplicates=shared_inputs(train.inputs, test.inputs),
         sampled=SAMPLED if train.sampled or test.sampled else None)
 
