@@ -266,3 +266,54 @@ def test_a_damaged_checkpoint_is_refused_with_what_is_wrong_with_it(tmp_path):
             warnings.simplefilter("ignore")
             read_checkpoint(tmp_path / name)
         assert str(refused.value) == f"{tmp_path / name}: {reason}", name
+
+
+def test_a_file_that_loads_but_is_not_a_checkpoint_or_weights_is_refused_with_what_it_is(tmp_path):
+    """A state dict of another model, a list, a dict of numbers: each refused in its own line, never an
+    AttributeError from a reader that assumed a dict of tensors."""
+    import torch
+
+    from project.errors import CheckpointError
+    from project.reliability.checkpointing import data_position, read_checkpoint, read_weights
+
+    def refused(reader, name: str, obj: object) -> str:
+        torch.save(obj, tmp_path / name)
+        with pytest.raises(CheckpointError) as error:
+            reader(tmp_path / name)
+        return str(error.value).removeprefix(f"{tmp_path / name}: ")
+
+    not_ours = "not a Lightning checkpoint of this project (no state_dict/hyper_parameters)"
+    assert refused(read_checkpoint, "list.ckpt", [torch.ones(2)]) == not_ours
+    assert refused(read_checkpoint, "weights.ckpt", {"w": torch.ones(2)}) == not_ours
+    assert refused(read_checkpoint, "other.ckpt", {"state_dict": {"net.w": torch.ones(2)}, "hyper_parameters": {}}) \
+        == "a Lightning checkpoint, but not of a ClassifierModule (no model.* weights)"
+    not_weights = "not an exported model.pth (expected a state_dict: names to tensors)"
+    for name, obj in {"list.pth": [torch.ones(2)], "tensor.pth": torch.ones(2), "empty.pth": {},
+                      "numbers.pth": {"w": torch.ones(2), "step": 3}}.items():
+        assert refused(read_weights, name, obj) == not_weights, name
+    position = {"samples_done": 128, "epoch": 1}
+    assert data_position({"state_dict": {}, "TinyDataModule": position}) == position
+    assert data_position({"state_dict": {}, "callbacks": {}}) is None  # a checkpoint written elsewhere says nothing
+
+
+@pytest.mark.parametrize(("message", "reason"), [
+    ("PytorchStreamReader failed reading zip archive: failed finding central dir", "damaged or truncated archive"),
+    ("failed finding central directory of the zip archive", "damaged or truncated archive"),
+    ("PytorchStreamReader failed locating file data.pkl: file not found", "damaged or truncated archive"),
+    ("", "RuntimeError"),
+    ("first line\nsecond line", "first line"),
+])
+def test_a_damaged_files_reason_is_torchs_message_cut_to_what_a_user_can_act_on(tmp_path, monkeypatch, message, reason):
+    import torch
+
+    from project.errors import CheckpointError
+    from project.reliability.checkpointing import read_checkpoint
+
+    def failing_load(*args, **kwargs):
+        raise RuntimeError(message)
+
+    (tmp_path / "a.ckpt").write_bytes(b"PK\x03\x04 not really")
+    monkeypatch.setattr(torch, "load", failing_load)
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(tmp_path / "a.ckpt")
+    assert str(refused.value) == f"{tmp_path / 'a.ckpt'}: corrupt or not a PyTorch file ({reason})"
