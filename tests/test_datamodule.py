@@ -4,7 +4,13 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from project.training.samplers import EpochShardSampler, EpochShuffleSampler, EvalShardSampler
+from project.training.samplers import (
+    EpochBatches,
+    EpochShardSampler,
+    EpochShuffleSampler,
+    EvalShardSampler,
+    epoch_order,
+)
 from project.training.tensor_data import TensorPairs
 from tests.tiny_recipe.data import TinyDataModule
 
@@ -111,3 +117,13 @@ def test_eval_shards_hold_each_sample_once_in_order(size, world):
     assert sorted(i for shard in shards for i in shard) == list(range(size))
     assert all(shard == sorted(shard) and len(shard) == len(EvalShardSampler(list(range(size)), world, rank))
                for rank, shard in enumerate(shards))
+
+
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_a_resume_at_an_epochs_end_goes_on_with_the_next_epochs_order(epoch):
+    """A checkpoint taken at an epoch's last step resumes before Lightning moves on: the batches are the next epoch's
+    order (seeded by seed + epoch + 1), all of it, counted from the checkpoint's step."""
+    sampler = EpochBatches(10, 4, seed=5, device=torch.device("cpu"), position=lambda: (epoch, 99))
+    sampler.resume(epoch, 10)
+    assert torch.cat(list(sampler)).tolist() == epoch_order(10, 5, epoch + 1, None).tolist()
+    assert sampler.epoch_start_step == 99
