@@ -237,9 +237,9 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     pixels = (torch.rand(2, 28, 28) * 100).to(torch.uint8)  # light strokes on dark, as the recipe's images
     for index, image in enumerate(pixels):
         Image.fromarray(image.numpy(), "L").save(tmp_path / f"{index}.png")
-    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "0b-notes.txt").write_text("not an image")  # between the two images: the second is still read
     results = dict(classify_files(Classifier(network, "net"), [str(tmp_path)], topk=3))
-    assert list(results) == [tmp_path / "0.png", tmp_path / "1.png", tmp_path / "notes.txt"]
+    assert list(results) == [tmp_path / "0.png", tmp_path / "0b-notes.txt", tmp_path / "1.png"]
     mean, std = TinyDataModule.mean[0], TinyDataModule.std[0]
     for index, image in enumerate(pixels):
         expected = torch.softmax(network(((image.float() / 255 - mean) / std)[None, None].float()), dim=1)[0]
@@ -251,7 +251,7 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
         assert render_row(result).split("\t") == [str(tmp_path / f"{index}.png"), str(result["class"]),
                                                   f"{result['probability']:.4f}",
                                                   *(f"{c}:{p:.4f}" for c, p in result["topk"][1:])]
-    assert isinstance(results[tmp_path / "notes.txt"], str) and "image" in results[tmp_path / "notes.txt"]
+    assert isinstance(results[tmp_path / "0b-notes.txt"], str) and "image" in results[tmp_path / "0b-notes.txt"]
     assert escaped("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
     assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are
