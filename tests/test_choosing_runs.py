@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import TIMED, TINY, TRAIN, make_tiny_data, one_line_error, run_script, tiny_config
+from helpers import TIMED, TINY, TRAIN, event_accumulator, make_tiny_data, one_line_error, run_script, tiny_config
 from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.reliability import runs
 from project.training.run import train
@@ -118,8 +118,6 @@ def test_resume_auto_starts_a_job_killed_before_its_first_checkpoint_again_with_
     with open(folder / "metrics.csv", newline="") as stream:
         after = [{k: v for k, v in row.items() if k not in TIMED} for row in csv.DictReader(stream)]
     assert after == before  # each row once: the first attempt's were cleared
-    from helpers import event_accumulator
-
     losses = [event.step for event in event_accumulator(folder).Scalars("train/loss")]
     assert losses == sorted(set(losses))
 

@@ -128,17 +128,12 @@ def gather(datamodule: TensorDataModule, split: Dataset, limit: int | None = SAM
     return Split(inputs, torch.as_tensor([int(y) for _, y in items]), False, len(picked) < size)
 
 
-@dataclass(frozen=True)
-class PixelStatistics:
-    mean: tuple[float, ...]  # per channel
-    std: tuple[float, ...]
-    range: tuple[float, float]  # lowest and highest pixel over all channels
-
-
-def pixel_statistics(datamodule: TensorDataModule, split: Split) -> PixelStatistics:
-    """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range: normalised inputs measured as
-    they are, then the declared normalisation undone on the numbers (not on every pixel). Inputs normalised with
-    other numbers than the declared ones come out of ``[0, 1]``: their statistics would only echo the declaration."""
+def pixel_statistics(datamodule: TensorDataModule,
+                     split: Split) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]]:
+    """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range over all channels: normalised
+    inputs measured as they are, then the declared normalisation undone on the numbers (not on every pixel). Inputs
+    normalised with other numbers than the declared ones come out of ``[0, 1]``: their statistics would only echo
+    the declaration."""
     inputs = split.inputs.float().reshape(len(split.inputs), *datamodule.input_shape)
     dims = [d for d in range(inputs.dim()) if d != 1]
     var, mean = torch.var_mean(inputs, dim=dims)
@@ -148,7 +143,7 @@ def pixel_statistics(datamodule: TensorDataModule, split: Split) -> PixelStatist
         declared_std = torch.tensor(datamodule.std).expand_as(std)
         mean, std = mean * declared_std + declared_mean, std * declared_std
         low, high = low * declared_std + declared_mean, high * declared_std + declared_mean
-    return PixelStatistics(tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item()))
+    return tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item())
 
 
 def fingerprints(inputs: torch.Tensor) -> list[float]:
@@ -171,15 +166,14 @@ def shared_inputs(train: torch.Tensor, test: torch.Tensor) -> int:
 def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
     train, test = gather(datamodule, datamodule.train_set), gather(datamodule, datamodule.test_set)
-    pixels = pixel_statistics(datamodule, train)
+    mean, std, pixel_range = pixel_statistics(datamodule, train)
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
     return DataCard(
         recipe=type(datamodule).__name__,
         sizes={"train": len(datamodule.train_set), "val": len(datamodule.val_set), "test": len(datamodule.test_set)},
         input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes,
-        class_counts=counts.tolist(), mean=pixels.mean, std=pixels.std, pixel_range=pixels.range,
-        declared_mean=tuple(datamodule.mean),
+        class_counts=counts.tolist(), mean=mean, std=std, pixel_range=pixel_range, declared_mean=tuple(datamodule.mean),
         declared_std=tuple(datamodule.std), duplicates=shared_inputs(train.inputs, test.inputs),
         sampled=SAMPLED if train.sampled or test.sampled else None)
 
