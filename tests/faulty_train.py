@@ -6,8 +6,12 @@ the process sends itself SIGNAL (TERM, INT or KILL) at PHASE: ``start`` (before 
 ``step-N`` (after the Lightning step that reaches optimizer step N), ``validation-E`` (mid-way through
 epoch E's validation, from 0), ``test`` (mid-way through the test) or ``export`` (while ``model.pth`` is
 written). Started by the tests.
+
+In every process (the launcher, each rank Lightning starts, each rank ``ddp_spawn`` spawns) it says at exit
+whether the process group was still open then: one left to the interpreter's exit can abort a finished run.
 """
 
+import atexit
 import importlib.util
 import os
 import signal
@@ -26,6 +30,15 @@ from project.config.cli import parse_run_command  # noqa: E402
 from project.contract import recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 from project.training import run  # noqa: E402
+
+
+def say_if_the_process_group_is_still_open() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        print(f"faulty_train.py: process {os.getpid()} exits with its process group still open", file=sys.stderr,
+              flush=True)
+
+
+atexit.register(say_if_the_process_group_is_still_open)  # at import: ddp_spawn's ranks import this file too
 
 
 class FailAt(L.Callback):

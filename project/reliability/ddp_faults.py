@@ -1,75 +1,95 @@
-"""How a DDP job ends when one rank fails: all of its processes, within seconds (SIGTERM: reliability/stops.py)."""
+"""How the processes of a DDP job end: all of them within seconds when one rank fails, each cleanly when the run
+finished (SIGTERM: reliability/stops.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from types import FrameType
+import subprocess
+import time
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.errors import UserError
 from project.reliability.processes import die_with_parent
 
+STARTED_RANKS_WAIT_S = 60.0  # a started rank has only its teardown left once rank 0's run ends
 
-class OneFailureEndsTheJob(Callback):
-    """Under DDP, an exception on any one rank ends every process within seconds, not at the
-    process group's 30-minute timeout.
 
-    The others would wait forever in their next all-reduce. Rank 0 (Lightning's launcher) kills
-    the ranks it started when it fails; when another rank fails, Lightning's child watcher in
-    rank 0 ends the job; and each started rank asks the kernel to kill it if rank 0 dies.
+def end_process_group() -> None:
+    """Destroy this process's process group while the interpreter is whole.
+
+    A group left to the interpreter's exit can abort a finished run: gloo's threads outlive the objects
+    they use ("terminate called without an active exception", exit 134, or SIGABRT in a spawned rank).
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+class DdpJobEnd(Callback):
+    """The end of every process of a DDP job.
+
+    A failure on one rank ends every process within seconds, not at the process group's 30-minute timeout
+    (the others would wait forever in their next all-reduce): rank 0 (Lightning's launcher) kills the ranks
+    it started when it fails; when another rank fails, Lightning's child watcher in rank 0 ends the job;
+    each started rank asks the kernel to kill it if rank 0 dies.
+
+    A run that ended on every rank together (finished, stopped or refused) ends each process's process group
+    before the process exits: a spawned rank at the end of its fit or test, any other at the end of
+    ``train()`` (``end``), where rank 0 then waits for the ranks it started and reports one that failed.
     """
 
+    def __init__(self) -> None:
+        self._started: list[subprocess.Popen] = []
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        launcher = trainer.strategy.launcher
+        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
+            self._started = launcher.procs
         if trainer.world_size > 1 and "LOCAL_RANK" in os.environ:
             die_with_parent()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        launcher = trainer.strategy.launcher
-        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException) and \
-                isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            launcher.kill(signal.SIGKILL)
+        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException) and self._started:
+            trainer.strategy.launcher.kill(signal.SIGKILL)
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+            end_process_group()  # a spawned rank's process ends with this fit or test
 
-class SigtermOnEveryRank(Callback):
-    """Under DDP, SIGTERM stops every rank after the same optimizer step.
-
-    Lightning's own handler runs a collective inside the signal handler, and each rank also
-    checks its own flag at validation batches and epoch ends: when the signal reaches every
-    process (``scancel``, ``kill`` of the process group) the ranks meet in different collectives
-    and wait forever. Here the handler only notes the signal; after each step rank 0 shares
-    what it saw, and all ranks raise Lightning's ``SIGTERMException`` together.
-    """
-
-    def __init__(self) -> None:
-        self._seen = False
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.world_size > 1:  # after Lightning registered its handler, which this replaces
-            signal.signal(signal.SIGTERM, self._note)
-            self._launcher = trainer.strategy.launcher
-
-    def _note(self, signum: int, frame: FrameType | None) -> None:
-        if not self._seen and isinstance(self._launcher, _SubprocessScriptLauncher):
-            self._launcher.kill(signum)  # rank 0 passes it on to the ranks it started
-        self._seen = True
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object, batch: object,
-                           batch_idx: int) -> None:
-        self._stop_if_signalled(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._stop_if_signalled(trainer)  # a signal during the last validation: no step comes after it
-
-    def _stop_if_signalled(self, trainer: L.Trainer) -> None:
-        if trainer.world_size == 1:
+    def end(self, error: BaseException | None) -> None:
+        """After the run is recorded and its folder released. ``error``: what ends the run, if anything; one
+        that is not a ``UserError`` may have left another rank in a collective, so nothing is waited for."""
+        if error is not None and not isinstance(error, UserError):
             return
-        seen = torch.tensor([int(self._seen)], device=trainer.strategy.root_device)
-        torch.distributed.broadcast(seen, src=0)
-        if seen.item():
-            trainer._signal_connector.received_sigterm = True  # noqa: SLF001 - Lightning's own stop flag
-            raise SIGTERMException()
+        end_process_group()
+        failed = [(rank, code) for rank, code in enumerate(wait_for(self._started), start=1) if code != 0]
+        if failed and error is None:
+            rank, code = failed[0]
+            raise UserError(f"rank {rank} of this DDP job ended with {exit_status(code)} after the run finished "
+                            "(its output is above); the run's files are complete")
+
+
+def wait_for(processes: list[subprocess.Popen], timeout: float = STARTED_RANKS_WAIT_S) -> list[int | None]:
+    """Each process's exit code, None for one still running ``timeout`` seconds from now."""
+    deadline = time.monotonic() + timeout
+    codes: list[int | None] = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
+def exit_status(code: int | None) -> str:
+    if code is None:
+        return f"no exit within {STARTED_RANKS_WAIT_S:.0f} s"
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"

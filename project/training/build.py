@@ -23,7 +23,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from project.config.schema import LOGGERS, RECIPE, RunConfig
 from project.errors import UsageError
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
-from project.reliability.ddp_faults import OneFailureEndsTheJob
 from project.reliability.slurm import cluster_plugins
 from project.results.tensorboard_figures import TensorBoardFigures
 from project.training.callbacks import (
@@ -172,7 +171,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     ``steps_per_epoch`` is given when each Lightning step takes several optimizer steps: the
     progress bar then counts optimizer steps, and the step loop logs the LR itself.
     """
-    callbacks: list[Callback] = [QuietWarnings(), OneFailureEndsTheJob(), FiniteLossGuard(),
+    callbacks: list[Callback] = [QuietWarnings(), FiniteLossGuard(),
                                  ScheduleResumeCheck(), SharedStepCount()]
     if config.gpu_memory_fraction is not None:
         callbacks.append(GpuMemoryFraction(config.gpu_memory_fraction))

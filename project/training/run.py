@@ -27,6 +27,7 @@ from project.hardware.devices import (
     warm_up_cuda,
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
+from project.reliability.ddp_faults import DdpJobEnd
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_files import (
     check_outputs_writable,
@@ -148,12 +149,15 @@ def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, call
     config = resolve_hardware(config)
     warm_up_cuda(config.accelerator)
     L.seed_everything(config.seed, workers=True, verbose=False)
+    job_end = DdpJobEnd()
     try:
         plan = plan_run(config, datamodule, test)
         with RunFolder.opened(plan.config, resuming=plan.resume is not None) as (folder, config):  # after refusals
-            return run_plan(plan, config, folder, callbacks, test, on_tested)
+            result = run_plan(plan, config, folder, [job_end, *callbacks], test, on_tested)
     finally:
         RunFolder.release_all()  # a resume's folder is held from the moment it is chosen
+        job_end.end(sys.exc_info()[1])
+    return result
 
 
 def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool) -> Plan:
