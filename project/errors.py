@@ -8,6 +8,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from project.secrets import redact
@@ -53,6 +54,19 @@ class NonFiniteLossError(UserError):
 
 class ImageError(UserError):
     """A file the recipe cannot read as an input (not an image, unreadable, nothing in it)."""
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file, where something is there: a folder, a link to nothing, or a pipe or
+    device whose read would block for good. None for a regular file, or for nothing at all (each reader says
+    'missing' its own way)."""
+    if path.is_dir():
+        return "is a directory, not a file"
+    if path.is_symlink() and not path.exists():
+        return "a symbolic link that leads nowhere (its target is missing, or links loop)"
+    if path.exists() and not path.is_file():
+        return "not a regular file (a pipe or a device)"
+    return None
 
 
 def _quiet_write_failures(args: threading.ExceptHookArgs) -> None:

@@ -32,6 +32,8 @@ class Mutant:
 # The recipe checks on the example recipes: what a broken variant of either must fail.
 SECOND_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.second_recipe]"
 DISK_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.disk_recipe]"
+# Each attempt of a hostile user, replayed (its case in brackets).
+HOSTILE = "tests/test_hostile_inputs.py::test_each_hostile_attempt_ends_in_its_one_line"
 
 MUTANTS = (
     Mutant("runs-share-a-folder", "runs never share a folder",
@@ -200,6 +202,34 @@ MUTANTS = (
            "project/reliability/ddp_faults.py", "        torch.distributed.destroy_process_group()\n", "        pass\n",
            ("tests/test_ddp.py::test_a_finished_ddp_run_ends_cleanly_on_every_rank_every_time[ddp_spawn]",
             "tests/test_ddp.py::test_a_finished_ddp_run_ends_cleanly_on_every_rank_every_time[design-card-ddp]")),
+    Mutant("name-may-be-a-path", "a run's name is one folder under --logdir, never a path out of it",
+           "project/config/schema.py", 'setting(RECIPE.name, folder_name, "experiment name',
+           'setting(RECIPE.name, text, "experiment name',
+           (f"{HOSTILE}[name-absolute]", f"{HOSTILE}[name-in-a-file]")),
+    Mutant("logger-named-twice-accepted", "each logger writes each row once",
+           "project/config/validators.py", "        if repeated is not None:\n", "        if False:\n",
+           (f"{HOSTILE}[logger-named-twice]",)),
+    Mutant("trainer-args-unranged", "a Trainer argument out of range is refused before the run's folder exists",
+           "project/config/trainer_args.py", "problem = RANGES[key](value) if", "problem = None if",
+           (f"{HOSTILE}[limit-inf-in-a-file]", f"{HOSTILE}[max-steps-0]")),
+    Mutant("lr-beyond-float32-accepted", "an LR the training dtype cannot hold is refused in one line",
+           "project/config/validators.py", "    if number > FLOAT32_MAX:\n", "    if False:\n",
+           (f"{HOSTILE}[lr-beyond-float32]",)),
+    Mutant("a-pipe-read-as-a-file", "a pipe or device where a file is expected is refused, never read",
+           "project/errors.py", "    if path.exists() and not path.is_file():\n", "    if False:\n",
+           ("tests/test_bounded_inputs.py::test_what_is_not_a_regular_file_is_named_before_anything_opens_it",)),
+    Mutant("libpq-string-taken-for-a-journal", "no file the project creates is named by a credential",
+           "project/sweeps/storage.py", 'if "://" not in spec and CONNINFO.match(spec):', "if False:",
+           (f"{HOSTILE}[libpq-connection-string]",)),
+    Mutant("journal-cut-record-kept", "a journal whose last record was cut goes on from its complete records",
+           "project/sweeps/storage.py", "        set_aside_a_cut_record(path)\n", "",
+           ("tests/test_hostile_inputs.py::test_a_journal_whose_last_record_was_cut_goes_on_from_its_complete_records",)),
+    Mutant("accumulation-beyond-the-epoch", "a run whose steps would barely move the weights is refused",
+           "project/training/plan.py", "    if accumulate > batches:", "    if False:",
+           (f"{HOSTILE}[accumulation-beyond-the-epoch]",)),
+    Mutant("record-nested-too-deep-traceback", "a damaged run record is one line, however it is damaged",
+           "project/reliability/records.py", "    except RecursionError:", "    except ZeroDivisionError:",
+           (f"{HOSTILE}[run-record-nested-too-deep-evaluate]",)),
     Mutant("sweep-best-is-the-worst", "a sweep's best.yaml holds its best trial",
            "project/sweeps/report.py", "key=lambda t: t.value, reverse=True)", "key=lambda t: t.value, reverse=False)",
            ("tests/test_documented_promises.py::test_a_sweeps_best_yaml_holds_its_best_trial",)),

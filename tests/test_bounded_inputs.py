@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from helpers import ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script
-from project.errors import ImageError
+from project.errors import ImageError, not_a_regular_file
 
 
 def fifo(path: Path) -> Path:
@@ -43,6 +43,24 @@ def test_pipes_are_not_read_as_files(tmp_path):
 
     with pytest.raises(ImageError, match="not a regular file"):
         read_resized(fifo(tmp_path / "digit.png"), (1, 28, 28))
+
+
+def test_what_is_not_a_regular_file_is_named_before_anything_opens_it(tmp_path):
+    """One check for every reader of a file: a pipe or device would block it, a folder or a link to nothing fail it."""
+    fifo(tmp_path / "pipe")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    problems = {name: not_a_regular_file(tmp_path / name)
+                for name in ("pipe", "folder", "file", "dangling", "loop", "link", "missing")}
+    assert problems == {
+        "pipe": "not a regular file (a pipe or a device)", "folder": "is a directory, not a file", "file": None,
+        "dangling": "a symbolic link that leads nowhere (its target is missing, or links loop)",
+        "loop": "a symbolic link that leads nowhere (its target is missing, or links loop)", "link": None,
+        "missing": None}
+    assert not_a_regular_file(Path("/dev/null")) == "not a regular file (a pipe or a device)"
 
 
 def test_yaml_that_expands_without_end_is_refused_in_one_short_line(tmp_path):
@@ -210,7 +228,8 @@ def test_each_reason_an_image_file_cannot_be_used_is_its_own_line(tmp_path):
     Image.new("L", (64, 64), 90).save(tmp_path / "whole.png")
     (tmp_path / "cut.png").write_bytes((tmp_path / "whole.png").read_bytes()[:60])
     (tmp_path / "folder.png").mkdir()
-    reasons = {"missing.png": "no such file", "folder.png": "is a directory", "pipe": "not a regular file",
+    reasons = {"missing.png": "no such file", "folder.png": "is a directory, not a file",
+               "pipe": "not a regular file (a pipe or a device)",
                "notes.png": "not an image file (or a format Pillow cannot read)"}
     for name, reason in reasons.items():
         with pytest.raises(ImageError) as refused:

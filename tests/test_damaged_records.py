@@ -103,7 +103,7 @@ def test_the_edges_of_each_range_are_records_a_run_writes(tmp_path):
             read_mapping(tmp_path / name, fields)
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "run.json").mkdir()  # another tool made a folder of that name
-    with pytest.raises(DamagedRecord, match=r"run.json: cannot read it \(Is a directory\)"):
+    with pytest.raises(DamagedRecord, match=r"run.json: is a directory, not a file;"):
         read_mapping(tmp_path / "folder" / "run.json", RUN_FIELDS)
 
 

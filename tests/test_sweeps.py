@@ -211,16 +211,21 @@ MISTAKES = [
     (["--storage", "postgresql://postgres:secret@127.0.0.1:1/optuna"],
      "--storage postgresql://postgres:***@127.0.0.1:1/optuna: cannot open it (connection failed"),
     (["--storage", "sqlite:///{tmp}/s.db"], "SQLite locks the whole file and fails under parallel workers"),
-    (["--storage", "{tmp}"], "a folder; give a journal file's path (or a database URL)"),
+    (["--storage", "{tmp}"], "is a directory, not a file; give a journal file's path (or a database URL)"),
+    (["--storage", "{tmp}/fifo.journal"], "not a regular file (a pipe or a device); give a journal file's path"),
+    (["--storage", "host=127.0.0.1 port=1 password='secret' dbname=x"],
+     "a libpq connection string, not a journal file's path; give PostgreSQL as a URL: postgresql://"),
     (["--storage", "{tmp}/no/such/folder/s.journal"], "its folder does not exist"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "message"), MISTAKES)
 def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, tmp_path, argv, message):
+    monkeypatch.chdir(tmp_path)  # where a storage string taken for a file's name would create it
     (tmp_path / "empty").mkdir()
     write_space(tmp_path, QUICK)
     (tmp_path / "broken.yaml").write_text("params: [unclosed\n")
+    os.mkfifo(tmp_path / "fifo.journal")  # a read of it would block for good
     journal = str(tmp_path / "study.journal")
     open_study("tiny-sweep", journal, "median", 0)  # an existing study must come out of it unchanged
     argv = [a.format(empty=tmp_path / "empty", tmp=tmp_path) for a in argv]
@@ -231,6 +236,7 @@ def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, t
     assert message in str(err.value) and "\n" not in str(err.value) and "secret" not in str(err.value)
     assert load(journal).trials == []
     assert not (tmp_path / "logs").exists()
+    assert not [path for path in tmp_path.rglob("*") if "secret" in path.name]  # no file named by a credential
 
 
 def test_a_bad_storage_is_one_line_and_exit_code_2(shared_tiny_data, tmp_path):

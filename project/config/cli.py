@@ -15,6 +15,7 @@ from project.config.validators import (
     count_or_auto,
     flag,
     flag_or_auto,
+    folder_name,
     image_file,
     non_negative_int,
     one_of,
@@ -158,7 +159,7 @@ def _model_source(parser: argparse.ArgumentParser) -> None:
                         "(default: best)")
     source.add_argument("--weights", metavar="model.pth", help="an exported model.pth")
     parser.add_argument("--logdir", default="lightning_logs")
-    parser.add_argument("--name", default=RECIPE.name)
+    parser.add_argument("--name", default=RECIPE.name, type=argparse_type(folder_name))
 
 
 def parse_evaluate_args(description: str | None) -> argparse.Namespace:
@@ -206,7 +207,8 @@ def parse_sweep_args(description: str | None) -> argparse.Namespace:
                         help="seconds between a database trial's heartbeats; one silent for twice this is failed "
                              "and retried")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # started by a sweep: no report
-    parser.add_argument("--study-name", default=f"{RECIPE.name}-sweep")
+    parser.add_argument("--study-name", default=f"{RECIPE.name}-sweep", type=argparse_type(folder_name),
+                        help="the study (and its folder LOGDIR/sweeps/STUDY)")
     parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
     parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,
                         help="Optuna's TPE, random search, or a grid that runs each combination once")
@@ -246,7 +248,7 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
 def parse_runs_args(description: str | None) -> argparse.Namespace:
     parser = _tool_parser("runs.py", description)
     parser.add_argument("--logdir", default="lightning_logs")
-    parser.add_argument("--name", default=RECIPE.name)
+    parser.add_argument("--name", default=RECIPE.name, type=argparse_type(folder_name))
     return parser.parse_args()
 
 

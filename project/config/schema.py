@@ -20,12 +20,13 @@ from project.config.validators import (
     flag,
     flag_or_auto,
     folder_name,
+    learning_rate,
     memory_fraction,
+    names_from,
     non_negative_float,
     non_negative_int,
     one_of,
     optional,
-    positive_float,
     positive_int,
     seed_value,
     shown,
@@ -34,7 +35,7 @@ from project.config.validators import (
     top_k,
 )
 from project.contract import recipe
-from project.errors import UsageError
+from project.errors import UsageError, not_a_regular_file
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
@@ -89,7 +90,7 @@ class EngineSettings:
     batch_size: int = setting(64, positive_int, "per device", "recipe")
     eval_batch_size: int = setting(EVAL_BATCH_SIZE, positive_int, "per device, for validation and test", "recipe")
     optimizer: str = setting("adamw", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
-    lr: float = setting(1e-3, positive_float, "peak LR under onecycle", "recipe")
+    lr: float = setting(1e-3, learning_rate, "peak LR under onecycle", "recipe")
     momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0); under onecycle, "
                                      "the momentum cycles 0.95-0.85-0.95 instead (0 turns it off)", "recipe")
     weight_decay: float = setting(0.01, non_negative_float, "", "recipe")
@@ -115,8 +116,9 @@ class EngineSettings:
     # run
     fast_dev_run: bool = setting(False, flag, "one batch of each stage, no logs or files", saved=False)
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
-    logger: str = setting("tensorboard", text, "tensorboard, csv, wandb, mlflow; several: tensorboard,csv")
-    name: str = setting(RECIPE.name, text, "experiment name")
+    logger: str = setting("tensorboard", names_from(*LOGGERS), "tensorboard, csv, wandb, mlflow; several: "
+                          "tensorboard,csv")
+    name: str = setting(RECIPE.name, folder_name, "experiment name (the folder LOGDIR/NAME)")
     run_version: str | None = setting(None, optional(folder_name), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
@@ -209,8 +211,9 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
     """A YAML file that must hold a mapping; any problem is one line starting with ``label``."""
     import yaml
 
-    if Path(path).exists() and not Path(path).is_file():  # a FIFO or a device would block the read
-        raise UsageError(f"{label}: not a regular file")
+    problem = not_a_regular_file(Path(path))
+    if problem:
+        raise UsageError(f"{label}: {problem}")
     try:
         with open(path, encoding="utf-8") as stream:
             document = yaml.safe_load(stream) or {}

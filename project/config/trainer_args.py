@@ -20,8 +20,55 @@ OWNED = {
 }
 
 
-# Counts Lightning divides by or loops over without checking them first (0 is a ZeroDivisionError deep in its loop).
-AT_LEAST_ONE = ("check_val_every_n_epoch", "accumulate_grad_batches")
+def _count_or_share(value: Any) -> str | None:
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:  # nan fails both comparisons
+        return "a share must be in [0, 1]"
+    if isinstance(value, int) and value < 0:
+        return "a count of batches must be 0 or more"
+    return None
+
+
+def _at_least_one(value: Any) -> str | None:  # Lightning divides by these, or loops over them, unchecked
+    return "must be 1 or more" if isinstance(value, int) and value < 1 else None
+
+
+def _steps(value: Any) -> str | None:  # max_steps 0 trains nothing, and a schedule over 0 steps fails mid-run
+    return "must be -1 (no limit) or 1 or more" if isinstance(value, int) and value < 1 and value != -1 else None
+
+
+def _finite_non_negative(value: Any) -> str | None:  # gradient_clip_val -1 would mean no clipping, silently
+    return "must be a finite number, 0 or more" if isinstance(value, (int, float)) and \
+        not 0 <= value < float("inf") else None
+
+
+def _duration(value: Any) -> str | None:  # a max_time of 0 or less stops the run before its first step
+    seconds = None
+    if isinstance(value, dict):
+        parts = {key: part for key, part in value.items() if key in DURATION_KEYS}
+        if len(parts) != len(value) or not all(isinstance(part, (int, float)) and not isinstance(part, bool)
+                                                for part in parts.values()):
+            return f"must map {', '.join(DURATION_KEYS)} to numbers"
+        seconds = sum(part * DURATION_KEYS[key] for key, part in parts.items())
+    elif isinstance(value, str):
+        fields = value.split(":")
+        if len(fields) != 4 or not all(field.isdigit() for field in fields):
+            return "must be DD:HH:MM:SS"
+        seconds = sum(int(field) * unit for field, unit in zip(fields, (86400, 3600, 60, 1), strict=True))
+    if seconds is not None and not 0 < seconds < float("inf"):
+        return "must be a positive length of time"
+    return None
+
+
+DURATION_KEYS = {"weeks": 604800, "days": 86400, "hours": 3600, "minutes": 60, "seconds": 1, "milliseconds": 1e-3,
+                 "microseconds": 1e-6}
+# Each Trainer argument whose range Lightning checks late (deep in its loop, after the run folder exists) or never.
+RANGES = {
+    "limit_train_batches": _count_or_share, "limit_val_batches": _count_or_share, "limit_test_batches": _count_or_share,
+    "limit_predict_batches": _count_or_share, "overfit_batches": _count_or_share, "val_check_interval": _count_or_share,
+    "check_val_every_n_epoch": _at_least_one, "accumulate_grad_batches": _at_least_one,
+    "max_steps": _steps, "min_steps": _finite_non_negative, "min_epochs": _finite_non_negative,
+    "gradient_clip_val": _finite_non_negative, "max_time": _duration,
+}
 
 
 def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
@@ -40,8 +87,9 @@ def check_trainer_args(values: dict[str, Any]) -> dict[str, Any]:
         expected = hints.get(key)
         if expected is not None and not fits(value, expected):
             raise UsageError(f"--trainer.{key}: expected {describe(expected)}, got {shown(value)}")
-        if key in AT_LEAST_ONE and isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise UsageError(f"--trainer.{key}: must be 1 or more, got {value}")
+        problem = RANGES[key](value) if key in RANGES and not isinstance(value, bool) else None
+        if problem:
+            raise UsageError(f"--trainer.{key}: {problem}, got {shown(value)}")
     return dict(values)
 
 

@@ -48,6 +48,17 @@ def positive_float(value: Any) -> float:
     return number
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # what a float32 tensor (an optimizer's LR, a schedule's) can hold
+
+
+def learning_rate(value: Any) -> float:
+    """A positive LR that fits the float32 tensors the optimizer and its schedule keep it in."""
+    number = positive_float(value)
+    if number > FLOAT32_MAX:
+        raise ValueError(f"must fit a float32 (at most {FLOAT32_MAX:.3g}), got {value}")
+    return number
+
+
 def non_negative_float(value: Any) -> float:
     number = _number(value, float)
     if not 0 <= number < float("inf"):
@@ -79,6 +90,20 @@ def folder_name(value: Any) -> str:
     if len(name.encode()) > 100:
         raise ValueError(f"must be at most 100 bytes long, got {len(name.encode())}")
     return name
+
+
+def names_from(*choices: str) -> Callable[[Any], str]:
+    """Comma-separated names from ``choices``, each at most once (a repeated logger would write every row twice)."""
+    def check(value: Any) -> str:
+        names = [name.strip() for name in text(value).split(",") if name.strip()]
+        unknown = next((name for name in names if name not in choices), None)
+        if unknown is not None or not names:
+            raise ValueError(f"choose from {', '.join(choices)} (comma-separated), got {shown(text(value))}")
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"{repeated} is named twice in {shown(text(value))}")
+        return ",".join(names)
+    return check
 
 
 def flag_or_auto(value: Any) -> bool | str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from project.errors import DataError
+from project.errors import DataError, not_a_regular_file
 
 RAW_FILES = (
     "train-images-idx3-ubyte",
@@ -69,10 +69,9 @@ def check_raw_files(data_dir: Path) -> None:
 
 def idx_problem(path: Path, magic: int) -> tuple[str | None, int]:
     """What is wrong with one IDX file (None if nothing), and the record count its header gives."""
-    if path.is_dir():
-        return "is a directory, not a file", 0
-    if path.exists() and not path.is_file():
-        return "not a regular file (a pipe or a device)", 0
+    problem = not_a_regular_file(path)
+    if problem:
+        return problem, 0
     try:
         with path.open("rb") as stream:
             header = stream.read(4 + 4 * 3)

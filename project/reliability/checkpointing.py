@@ -15,7 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.errors import CheckpointError, NonFiniteLossError
+from project.errors import CheckpointError, NonFiniteLossError, not_a_regular_file
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -187,10 +187,9 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def _load(path: Path, mmap: bool = False) -> Any:
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a file")
+    problem = not_a_regular_file(path) or (None if path.exists() else "no such file")
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: empty file")
     try:

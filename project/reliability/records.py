@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from project.errors import UsageError
+from project.errors import UsageError, not_a_regular_file
 
 RUN_RECORD = "run.json"
 RESULTS = "results.json"
@@ -92,6 +92,9 @@ RESULT_FIELDS: Mapping[str, tuple[Check, str]] = {
 def read_mapping(path: Path, fields: Mapping[str, tuple[Check, str]]) -> dict[str, Any]:
     """The JSON object in ``path``, each field in ``fields`` checked (others, a recipe's own metrics, kept as they
     are); empty when there is no file (a run written before it, or one that has not got there)."""
+    problem = not_a_regular_file(path)
+    if problem:
+        raise DamagedRecord(path, problem)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -107,6 +110,8 @@ def read_mapping(path: Path, fields: Mapping[str, tuple[Check, str]]) -> dict[st
     except ValueError as err:
         problem = "empty" if not text.strip() else f"not valid JSON (cut short or edited: line {err.lineno})"
         raise DamagedRecord(path, problem) from None
+    except RecursionError:
+        raise DamagedRecord(path, "nested too deep to be a record") from None
     if not isinstance(values, dict):
         raise DamagedRecord(path, f"holds a {type(values).__name__}, not a JSON object")
     for key, (check, what) in fields.items():

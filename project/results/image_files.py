@@ -11,7 +11,7 @@ from typing import TypeVar
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from project.errors import ImageError
+from project.errors import ImageError, not_a_regular_file
 
 T = TypeVar("T")
 
@@ -21,10 +21,9 @@ def with_image(path: str | os.PathLike, use: Callable[[Image.Image], T]) -> T:
     ``ImageError`` in one line. Only regular files are opened (a FIFO would block), and images larger than
     Pillow's decompression-bomb limit are refused before they are decoded."""
     path = Path(path)
-    if path.is_dir():
-        raise ImageError("is a directory")
-    if path.exists() and not path.is_file():
-        raise ImageError("not a regular file")
+    problem = not_a_regular_file(path)
+    if problem:
+        raise ImageError(problem)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

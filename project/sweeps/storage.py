@@ -11,28 +11,33 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import optuna
 import psutil
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from project.errors import UsageError
+from project.errors import UsageError, not_a_regular_file
 from project.secrets import redact
 
 RETRIES = 2  # a trial whose worker died runs at most this many more times
 # URL scheme: (SQLAlchemy dialect, driver module, the extra that installs it). Named in the URL, so
 # every SQLAlchemy version picks the same driver.
 DRIVERS = {"postgresql": ("postgresql+psycopg", "psycopg", "postgres")}
+CONNINFO = re.compile(r"\s*[A-Za-z_]+\s*=")  # libpq's key=value form: host=... dbname=... password=...
 
 
 def open_storage(spec: str, heartbeat: int = 60) -> optuna.storages.BaseStorage:
     """A journal file for a path, an RDB storage with heartbeats for a URL; a bad one is one line."""
+    if "://" not in spec and CONNINFO.match(spec):  # a file by that name would hold the password
+        raise UsageError(f"--storage {describe(spec)}: a libpq connection string, not a journal file's path; give "
+                         "PostgreSQL as a URL: postgresql://USER:PASSWORD@HOST:PORT/DBNAME")
     if "://" not in spec:
         return _journal(Path(spec))
     scheme = spec.split("://", 1)[0].split("+", 1)[0]
@@ -51,16 +56,56 @@ def open_storage(spec: str, heartbeat: int = 60) -> optuna.storages.BaseStorage:
 
 
 def _journal(path: Path) -> JournalStorage:
-    if path.is_dir() or not path.parent.is_dir():
-        raise UsageError(f"--storage {path}: {'a folder' if path.is_dir() else 'its folder does not exist'}; "
-                         "give a journal file's path (or a database URL)")
+    problem = not_a_regular_file(path) or (None if path.parent.is_dir() else "its folder does not exist")
+    if problem:
+        raise UsageError(f"--storage {path}: {problem}; give a journal file's path (or a database URL)")
     try:
+        set_aside_a_cut_record(path)
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as err:
         raise UsageError(f"--storage {path}: cannot open it ({err.strerror or err})") from None
-    except ValueError as err:  # a line that is not one of Optuna's (another program wrote it)
+    except (ValueError, AssertionError) as err:  # a line that is not one of Optuna's (another program wrote it)
         raise UsageError(f"--storage {path}: cannot read the study from it ({str(err)[:100]}); use another journal "
                          "file, or repair this one") from None
+
+
+def set_aside_a_cut_record(path: Path) -> Path | None:
+    """A kill or a full disk mid-append leaves the journal's last record without its newline, and the next append
+    would land on it, making the whole journal unreadable. That cut record is moved to a file beside the journal
+    (returned, and named on stderr) under the journal's own lock; the study goes on from the complete records."""
+    if not path.is_file():
+        return None
+    lock = JournalFileSymlinkLock(str(path))  # the lock Optuna's appends take
+    lock.acquire()
+    try:
+        with open(path, "rb+") as journal:
+            complete = _end_of_last_record(journal)
+            cut = journal.read()
+            if not cut:
+                return None
+            aside = path.with_name(f"{path.name}.cut-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            aside.write_bytes(cut)  # kept before the journal changes: nothing is lost if what follows fails
+            journal.truncate(complete)
+    finally:
+        lock.release()
+    print(f"sweep.py: {path}: its last record was cut short (a kill or a full disk mid-write); set aside in {aside} "
+          f"({len(cut)} bytes), the study goes on from the complete records", file=sys.stderr, flush=True)
+    return aside
+
+
+def _end_of_last_record(journal: BinaryIO) -> int:
+    """The offset just past the journal's last newline (0 if it has none), where ``journal`` is left."""
+    end = journal.seek(0, os.SEEK_END)
+    while end > 0:
+        start = max(0, end - 65536)
+        journal.seek(start)
+        newline = journal.read(end - start).rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    journal.seek(end)
+    return end
 
 
 def _rdb(url: str, heartbeat: int, shown: str) -> RDBStorage:

@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from project.config.schema import LOGGERS, RECIPE, RunConfig
+from project.config.validators import names_from
 from project.errors import UsageError
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.slurm import cluster_plugins
@@ -77,10 +78,10 @@ def _listed(value: Any) -> str:
 
 def build_loggers(config: RunConfig) -> list[Logger]:
     """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
-    names = [n.strip() for n in config.logger.split(",") if n.strip()]
-    unknown = [n for n in names if n not in LOGGERS]
-    if unknown or not names:
-        raise UsageError(f"--logger {config.logger}: choose from {', '.join(LOGGERS)} (comma-separated)")
+    try:  # the setting's own check, for a RunConfig built in code too
+        names = names_from(*LOGGERS)(config.logger).split(",")
+    except ValueError as err:
+        raise UsageError(f"--logger: {err}") from None
     for name in ("wandb", "mlflow"):
         if name in names and importlib.util.find_spec(name) is None:
             raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")

@@ -33,7 +33,11 @@ def planned_steps(config: RunConfig, train_size: int, world_size: int) -> int:
     """Optimizer steps a fit of ``config`` takes, by Lightning's rules (limits, accumulation, max_steps)."""
     trainer: dict[str, Any] = config.trainer
     batches = train_batches(config, train_size, world_size)
-    steps = -(-batches // int(trainer.get("accumulate_grad_batches", 1))) * config.max_epochs
+    accumulate = int(trainer.get("accumulate_grad_batches", 1))
+    if accumulate > batches:  # Lightning divides each loss by it: an epoch's only step would barely move
+        raise UsageError(f"--trainer.accumulate_grad_batches {accumulate}: more than the {batches} batches of an "
+                         f"epoch, whose one step would see their loss divided by {accumulate}; use at most {batches}")
+    steps = -(-batches // accumulate) * config.max_epochs
     max_steps = trainer.get("max_steps", -1)
     return min(steps, max_steps) if max_steps not in (None, -1) else steps
 

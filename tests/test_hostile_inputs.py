@@ -1,0 +1,156 @@
+"""What a hostile user tried, replayed: each attempt a real script run that must end by itself with its one line
+and exit code, no traceback, and nothing written but what the case expects.
+
+Each case names the mechanism that handles its kind of input, so the next value of the same kind is handled too:
+a setting's one validation (flag, config file or ``--trainer.KEY``), a name that becomes a path, a path that must be
+a regular file, a storage string, the sweep journal's cut record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, make_tiny_data
+from project.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Attempt:
+    script: str
+    args: tuple[str, ...]
+    line: str  # in the one line the script ends with
+    exit_code: int = UsageError.exit_code
+    prepare: tuple[str, ...] = ()  # what the folder holds first: see `lay_out`
+
+
+ATTEMPTS = {
+    # One validation for a setting wherever it comes from, its range included.
+    "lr-beyond-float32": Attempt("train.py", ("--fast-dev-run", "--lr", "1e39", "--scheduler", "none"),
+                                 "argument --lr: must fit a float32 (at most 3.4e+38), got 1e39"),
+    "lr-1e308-under-onecycle": Attempt("train.py", ("--fast-dev-run", "--lr", "1e308"), "must fit a float32"),
+    "limit-inf-in-a-file": Attempt("train.py", ("--config", "inf.yaml"),
+                                   "--trainer.limit_train_batches: a share must be in [0, 1], got inf",
+                                   prepare=("yaml",)),
+    "limit-nan-in-a-file": Attempt("train.py", ("--config", "nan.yaml"),
+                                   "--trainer.limit_train_batches: a share must be in [0, 1], got nan",
+                                   prepare=("yaml",)),
+    "test-limit-inf-in-a-file": Attempt("train.py", ("--config", "test-inf.yaml"),
+                                        "--trainer.limit_test_batches: a share must be in [0, 1], got inf",
+                                        prepare=("yaml",)),
+    "max-steps-0": Attempt("train.py", ("--trainer.max_steps", "0"),
+                           "--trainer.max_steps: must be -1 (no limit) or 1 or more, got 0"),
+    "max-time-negative-in-a-file": Attempt("train.py", ("--config", "max-time.yaml"),
+                                           "--trainer.max_time: must be a positive length of time, got {'days': -1}",
+                                           prepare=("yaml",)),
+    "gradient-clip-negative": Attempt("train.py", ("--trainer.gradient_clip_val", "-1"),
+                                      "--trainer.gradient_clip_val: must be a finite number, 0 or more, got -1"),
+    "accumulation-beyond-the-epoch": Attempt(
+        "train.py", ("--data-dir", "data", "--batch-size", "32", "--val-size", "40", "--trainer.limit_train_batches",
+                     "3", "--trainer.accumulate_grad_batches", "1000000000000"),
+        "--trainer.accumulate_grad_batches 1000000000000: more than the 3 batches of an epoch", prepare=("data",)),
+    "logger-named-twice": Attempt("train.py", ("--logger", "csv,csv"), "argument --logger: csv is named twice"),
+    # Every name that becomes a path: one plain folder name.
+    "name-absolute": Attempt("train.py", ("--name", "/etc"), "argument --name: must be one plain folder name"),
+    "name-escapes-the-logdir": Attempt("train.py", ("--name", "../escape"), "must be one plain folder name"),
+    "name-in-a-file": Attempt("train.py", ("--config", "name.yaml"), "name: must be one plain folder name",
+                              prepare=("yaml",)),
+    "study-name-climbs-into-another": Attempt("sweep.py", ("--study-name", "other/../a"),
+                                              "argument --study-name: must be one plain folder name"),
+    "study-name-empty": Attempt("sweep.py", ("--study-name", ""), "must be one plain folder name, got ''"),
+    "runs-name-escapes": Attempt("runs.py", ("--name", "../x"), "argument --name: must be one plain folder name"),
+    # A path that must be a regular file, refused before it is opened (a pipe would block the read for good).
+    "journal-is-a-pipe": Attempt("sweep.py", ("--space", "space.yaml", "--data-dir", "data", "--storage",
+                                              "fifo.journal"), "not a regular file (a pipe or a device)",
+                                 prepare=("fifo", "data")),
+    "run-record-is-a-pipe-resume": Attempt("train.py", ("--resume", "last"), "no run with a last checkpoint",
+                                           prepare=("fifo-run",)),
+    "run-record-is-a-pipe-evaluate": Attempt("evaluate.py", (), "no run with a best checkpoint", prepare=("fifo-run",)),
+    "run-record-nested-too-deep-evaluate": Attempt("evaluate.py", (), "no run with a best checkpoint",
+                                                   prepare=("deep-run",)),
+    # A storage string is a URL or a journal's path, never a file named by a password.
+    "libpq-connection-string": Attempt("sweep.py", ("--space", "space.yaml", "--data-dir", "data", "--storage",
+                                                    "host=127.0.0.1 port=1 password='s3cret' dbname=x"),
+                                       "a libpq connection string, not a journal file's path", prepare=("data",)),
+}
+YAML = {"inf.yaml": "trainer:\n  limit_train_batches: .inf\n", "nan.yaml": "trainer:\n  limit_train_batches: .nan\n",
+        "test-inf.yaml": "trainer:\n  limit_test_batches: .inf\n",
+        "max-time.yaml": "trainer:\n  max_time: {days: -1}\n", "name.yaml": "name: /etc\n"}
+
+
+def lay_out(folder: Path, prepare: tuple[str, ...]) -> None:
+    """What the attempt finds in its working folder; the default run folder is ``lightning_logs/tiny``."""
+    (folder / "space.yaml").write_text("params:\n  lr: {type: float, low: 0.01, high: 0.3}\n")
+    if "yaml" in prepare:
+        for name, text in YAML.items():
+            (folder / name).write_text(text)
+    if "data" in prepare:
+        make_tiny_data(folder / "data")
+    if "fifo" in prepare:
+        os.mkfifo(folder / "fifo.journal")
+    if "fifo-run" in prepare or "deep-run" in prepare:
+        run = folder / "lightning_logs" / "tiny" / "version_0"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "best-epoch00-acc0.5000.ckpt").write_bytes(b"never read")
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"never read")
+        if "fifo-run" in prepare:
+            os.mkfifo(run / "run.json")
+        else:
+            (run / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def everything_in(folder: Path) -> set[str]:
+    return {str(path.relative_to(folder)) for path in folder.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ATTEMPTS))
+def test_each_hostile_attempt_ends_in_its_one_line(name, tmp_path):
+    attempt = ATTEMPTS[name]
+    lay_out(tmp_path, attempt.prepare)
+    before = everything_in(tmp_path)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / attempt.script), *attempt.args],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # no hang
+    output = done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in output, output
+    assert done.returncode == attempt.exit_code, output
+    assert lines and lines[-1].startswith(f"{attempt.script}: error: ") and attempt.line in lines[-1], output
+    assert everything_in(tmp_path) == before  # nothing written, in the folder or a run folder
+    assert "s3cret" not in output
+
+
+def test_the_attempts_cover_each_mechanism():
+    """The list above is the issue's list of attempts: a new kind of input joins it with its mechanism."""
+    assert len(ATTEMPTS) == 21 and all(attempt.line for attempt in ATTEMPTS.values())
+
+
+def test_a_journal_whose_last_record_was_cut_goes_on_from_its_complete_records(tmp_path, capsys):
+    import optuna
+
+    from project.sweeps.storage import open_storage
+
+    journal = tmp_path / "study.journal"
+    study = optuna.create_study(study_name="s", storage=open_storage(str(journal)), direction="maximize")
+    for value in (0.25, 0.5):
+        trial = study.ask()
+        study.tell(trial, value)
+    complete = journal.read_bytes()
+    cut = b'{"op_code": 4, "worker_id": "w", "trial_id": 1, "va'  # a kill mid-append: no newline
+    journal.write_bytes(complete + cut)
+    study = optuna.load_study(study_name="s", storage=open_storage(str(journal)))
+    notice = capsys.readouterr().err
+    aside = [path for path in tmp_path.iterdir() if path.name.startswith("study.journal.cut-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == cut and journal.read_bytes() == complete
+    assert f"{journal}: its last record was cut short" in notice and str(aside[0]) in notice
+    study.tell(study.ask(), 0.75)  # the next append starts on a line of its own
+    again = optuna.load_study(study_name="s", storage=open_storage(str(journal)))
+    assert [t.value for t in again.trials] == [0.25, 0.5, 0.75]
+    assert journal.read_bytes().endswith(b"\n") and json.loads(journal.read_bytes().splitlines()[-1])
+    assert capsys.readouterr().err == ""  # a whole journal is left alone, and nothing is said
