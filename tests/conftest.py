@@ -42,8 +42,23 @@ SHORT = ("--max-epochs", "2", "--hidden", "2", "--lr", "0.05", "--scheduler", "n
 def pytest_configure(config: pytest.Config) -> None:
     from project.training.console import QUIET_WARNINGS  # the run's own filters, not a copy of them
 
+    config.pluginmanager.register(NameFailuresAsTheyHappen(config))
     for message in QUIET_WARNINGS:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
+
+
+class NameFailuresAsTheyHappen:
+    """A failing test is named the moment it fails (under xdist too), not only in the summary: a run cut short
+    (a laptop's lid, a CI limit) still says what failed."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if report.failed and reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED {report.nodeid} ({report.when})", red=True)
 
 
 # srun's test compares with the uninterrupted 2-rank run: one worker holds both, and trains that run once; the

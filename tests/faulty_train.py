@@ -5,7 +5,8 @@ at PHASE, the file system holding PATH is filled up. ``STOP_AT`` (``PHASE:SIGNAL
 the process sends itself SIGNAL (TERM, INT or KILL) at PHASE: ``start`` (before the first step),
 ``step-N`` (after the Lightning step that reaches optimizer step N), ``validation-E`` (mid-way through
 epoch E's validation, from 0), ``test`` (mid-way through the test) or ``export`` (while ``model.pth`` is
-written). Started by the tests.
+written). ``STEP_SECONDS``: ``--steps-per-call auto`` reads this as every step's time, before the run and
+during it, so that the K it chooses does not depend on how busy the machine is. Started by the tests.
 
 In every process (the launcher, each rank Lightning starts, each rank ``ddp_spawn`` spawns) it says at exit
 whether the process group was still open then: one left to the interpreter's exit can abort a finished run.
@@ -29,7 +30,7 @@ from helpers import fill_file_system  # noqa: E402
 from project.config.cli import parse_run_command  # noqa: E402
 from project.contract import recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
-from project.training import run  # noqa: E402
+from project.training import run, steps_per_call  # noqa: E402
 
 
 def say_if_the_process_group_is_still_open() -> None:
@@ -114,6 +115,11 @@ def main() -> int:
             return export_weights(*args, **kwargs)
 
         module_class.export_weights = interrupted_export
+    if "STEP_SECONDS" in os.environ:
+        seconds = float(os.environ["STEP_SECONDS"])
+        steps_per_call.measure_step_seconds = lambda *args, **kwargs: seconds
+        steps_per_call.AutoStepsPerCall.on_train_batch_end = \
+            lambda self, trainer, *args: steps_per_call.retime(trainer, seconds)
     train_script = _load_train_script()
     plain_train = run.train
     run.train = lambda config, **kwargs: plain_train(config, **kwargs, callbacks=callbacks)

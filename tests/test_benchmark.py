@@ -1,7 +1,6 @@
 """The benchmark script end to end on tiny data: every implementation runs and the report is written."""
 
 import json
-import time
 
 import pytest
 import torch
@@ -11,17 +10,30 @@ from helpers import make_tiny_data, one_line_error, run_script
 CNN = {"PROJECT_RECIPE": "tests.cnn_recipe"}
 
 
-class SlowSamples(torch.utils.data.Dataset):
-    """Each sample takes ``delay`` seconds to read: the known data wait a measurement must find."""
+class FakeClock:
+    """A clock that moves only when told: what the measurements must find, at any machine speed."""
 
-    def __init__(self, count: int, delay: float) -> None:
-        self.count, self.delay = count, delay
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class SlowSamples(torch.utils.data.Dataset):
+    """Each sample takes ``delay`` seconds of ``clock`` to read: the known data wait a measurement must find."""
+
+    def __init__(self, count: int, delay: float, clock: FakeClock) -> None:
+        self.count, self.delay, self.clock = count, delay, clock
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        time.sleep(self.delay)
+        self.clock.advance(self.delay)
         return torch.full((4,), float(index)), index % 2
 
 
@@ -30,6 +42,8 @@ def test_the_data_wait_of_a_lightning_run_is_the_time_its_batches_took_to_read()
 
     from project.benchmark.loops import DataWait
 
+    clock = FakeClock()
+
     class Linear(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
@@ -37,32 +51,33 @@ def test_the_data_wait_of_a_lightning_run_is_the_time_its_batches_took_to_read()
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            time.sleep(0.01)  # the step itself: time that is not waiting
+            clock.advance(0.01)  # the step itself: time that is not waiting
             return torch.nn.functional.cross_entropy(self.layer(x), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    wait = DataWait()
+    wait = DataWait(now=clock)
     trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[wait])
     kept = trainer.profiler
-    trainer.fit(Linear(), torch.utils.data.DataLoader(SlowSamples(24, 0.004), batch_size=4))
-    # 6 batches of 4 samples of 4 ms each: at least 96 ms per epoch; steps of 10 ms are not counted.
-    assert len(wait.epoch_waits) == 2
-    assert all(0.096 <= seconds < 0.096 + 0.05 for seconds in wait.epoch_waits), wait.epoch_waits
+    trainer.fit(Linear(), torch.utils.data.DataLoader(SlowSamples(24, 0.004, clock), batch_size=4))
+    # 6 batches of 4 samples of 4 ms each: 96 ms per epoch; the steps' 10 ms are not counted.
+    assert wait.epoch_waits == pytest.approx([0.096, 0.096], abs=1e-9)
+    assert clock.t == pytest.approx(2 * (0.096 + 0.06), abs=1e-9)
     assert trainer.profiler is kept  # the run's own profiler is back
 
 
 def test_the_data_wait_of_a_hand_loop_is_the_time_next_blocked():
     from project.benchmark.loops import FetchClock
 
-    clock = FetchClock()
+    time = FakeClock()
+    clock = FetchClock(now=time)
     seen = []
-    for batch in clock.timed(torch.utils.data.DataLoader(SlowSamples(12, 0.005), batch_size=3)):
+    for batch in clock.timed(torch.utils.data.DataLoader(SlowSamples(12, 0.005, time), batch_size=3)):
         seen.append(batch[1].tolist())
-        time.sleep(0.02)
-    assert len(seen) == 4 and 0.06 <= clock.seconds < 0.06 + 0.04, clock.seconds
+        time.advance(0.02)
+    assert len(seen) == 4 and clock.seconds == pytest.approx(0.06, abs=1e-9), clock.seconds
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from conftest import BARS
 from PIL import Image
 
 from helpers import ROOT, assert_same_training_state, event_accumulator, newest_last_checkpoint, one_line_error, run_in
+from project.training.steps_per_call import steps_for
 
 RECIPE_FILES = ROOT / "tests" / "second_recipe"
 ENGINE_FILES = [p for p in (ROOT / "project").rglob("*.py") if p.relative_to(ROOT / "project").parts[0] != "recipe"]
@@ -58,11 +59,17 @@ def _weights(checkpoint: dict) -> dict:
 
 @pytest.mark.parametrize("steps_per_call", ["8", "auto"])
 def test_steps_per_call_trains_bitwise_the_same(second_recipe, tmp_path, steps_per_call):
-    done = run_in(second_recipe["template"], "train.py", "--data-dir", str(second_recipe["data"]), "--logdir",
-                  str(tmp_path), *BARS, "--steps-per-call", steps_per_call)
+    """auto's K follows the step's time: it is given (2 ms a step, so K = 2 where the run logs every 2 steps), and
+    the run groups steps however busy the machine is."""
+    template = second_recipe["template"]
+    done = subprocess.run([sys.executable, str(template / "tests" / "faulty_train.py"), "--data-dir",
+                           str(second_recipe["data"]), "--logdir", str(tmp_path), *BARS, "--steps-per-call",
+                           steps_per_call], capture_output=True, text=True, timeout=300, cwd=template,
+                          env={**os.environ, "PROJECT_RECIPE": "project.recipe", "STEP_SECONDS": "0.002"})
     assert done.returncode == 0, done.stderr
     chosen = int(re.search(r"^steps per call (\d+)", done.stdout, re.MULTILINE).group(1))
-    assert chosen > 1  # auto times the CNN's real step and still groups steps
+    log_every = int(BARS[BARS.index("--log-every-n-steps") + 1])
+    assert chosen == (8 if steps_per_call == "8" else steps_for(0.002, log_every)) and chosen > 1
     assert_same_training_state(newest_last_checkpoint(tmp_path, "bars"),
                                newest_last_checkpoint(second_recipe["run"].parent.parent, "bars"))
     results = json.loads((tmp_path / "bars" / "version_0" / "results.json").read_text())

@@ -82,21 +82,22 @@ class AugmentedByHand(Dataset):
 
 
 class FetchClock:
-    """Host seconds spent waiting for the next batch: the time a step cannot start because its data is not there."""
+    """Host seconds spent waiting for the next batch: the time a step cannot start because its data is not there.
+    ``now`` reads the time (the host's clock; a test's own, to measure what it knows)."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.seconds, self.now = 0.0, now
 
     def timed(self, batches: Iterable) -> Iterator:
         iterator = iter(batches)
         while True:
-            began = time.perf_counter()
+            began = self.now()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
             finally:
-                self.seconds += time.perf_counter() - began
+                self.seconds += self.now() - began
             yield batch
 
 
@@ -109,11 +110,11 @@ class _FetchProfiler(PassThroughProfiler):
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next"):
-            self._began = time.perf_counter()
+            self._began = self.clock.now()
 
     def stop(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next") and self._began is not None:
-            self.clock.seconds += time.perf_counter() - self._began
+            self.clock.seconds += self.clock.now() - self._began
             self._began = None
 
 
@@ -121,8 +122,8 @@ class DataWait(Callback):
     """The seconds each training epoch of a Lightning run waited for its batches, through the Trainer's own
     profiler hooks (its profiler is put back when training ends)."""
 
-    def __init__(self) -> None:
-        self.clock, self.epoch_waits = FetchClock(), []
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.clock, self.epoch_waits = FetchClock(now), []
         self._kept: Any = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
