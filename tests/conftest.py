@@ -121,8 +121,9 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     output tests read. 83 test images, so the ranks' test shards differ in size."""
     root = tmp_path_factory.mktemp("ddp")
     data = make_tiny_data(root / "data", n_train=680, n_test=83, wrong_labels=0.1)  # metrics below 1: they can tell
-    done = run_script("train.py", "--data-dir", str(data), "--logdir", str(root / "logs"), *CHECKPOINTED, *TWO_RANKS,
-                      timeout=400)
+    # faulty_train.py with no fault is train.py that says which process left its process group open at exit
+    done = run_script("../tests/faulty_train.py", "--data-dir", str(data), "--logdir", str(root / "logs"),
+                      *CHECKPOINTED, *TWO_RANKS, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     return {"data": data, "logs": root / "logs", "output": done.stdout, "stderr": done.stderr,
             "last": newest_last_checkpoint(root / "logs")}

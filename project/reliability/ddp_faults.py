@@ -15,7 +15,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.errors import UserError
+from project.errors import Terminated, UserError
 from project.reliability.processes import die_with_parent
 
 STARTED_RANKS_WAIT_S = 60.0  # a started rank has only its teardown left once rank 0's run ends
@@ -39,9 +39,11 @@ class DdpJobEnd(Callback):
     it started when it fails; when another rank fails, Lightning's child watcher in rank 0 ends the job;
     each started rank asks the kernel to kill it if rank 0 dies.
 
-    A run that ended on every rank together (finished, stopped or refused) ends each process's process group
-    before the process exits: a spawned rank at the end of its fit or test, any other at the end of
-    ``train()`` (``end``), where rank 0 then waits for the ranks it started and reports one that failed.
+    A run that ended on every rank together (finished, or stopped by a signal the ranks agreed on) ends each
+    process's process group before the process exits: a spawned rank at the end of its fit or test, any other
+    at the end of ``train()`` (``end``), where rank 0 then waits for the ranks it started and reports one that
+    failed. A rank that failed alone leaves its group as it is: its one line comes first, and the job's end
+    is the failure handling's above.
     """
 
     def __init__(self) -> None:
@@ -63,13 +65,15 @@ class DdpJobEnd(Callback):
             end_process_group()  # a spawned rank's process ends with this fit or test
 
     def end(self, error: BaseException | None) -> None:
-        """After the run is recorded and its folder released. ``error``: what ends the run, if anything; one
-        that is not a ``UserError`` may have left another rank in a collective, so nothing is waited for."""
-        if error is not None and not isinstance(error, UserError):
+        """After the run is recorded and its folder released. ``error``: what ends the run, if anything; any but
+        an agreed stop may be this rank's alone, with the others still in a collective."""
+        if error is not None and not isinstance(error, Terminated):
             return
         end_process_group()
+        if error is not None:
+            return
         failed = [(rank, code) for rank, code in enumerate(wait_for(self._started), start=1) if code != 0]
-        if failed and error is None:
+        if failed:
             rank, code = failed[0]
             raise UserError(f"rank {rank} of this DDP job ended with {exit_status(code)} after the run finished "
                             "(its output is above); the run's files are complete")
