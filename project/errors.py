@@ -91,7 +91,7 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
         # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
         if not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
             prefix = getattr(err, "prefix", "error: ") if err.exit_code else ""
-            print(f"{prog}: {prefix}{redact(str(err))}", file=sys.stderr)
+            print(f"{prog}: {prefix}{terminal_safe(redact(str(err)))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -111,9 +111,27 @@ def stdout_gone() -> None:
 
 
 def say(text: str) -> None:
-    """Print a result line (credentials masked); a reader that went away (``train.py | head -1``) stops no run:
-    the rest is in files."""
+    """Print a result line (credentials masked, control characters escaped); a reader that went away
+    (``train.py | head -1``) stops no run: the rest is in files."""
     try:
-        print(redact(text), flush=True)
+        print(terminal_safe(redact(text)), flush=True)
     except BrokenPipeError:
         stdout_gone()
+
+
+# C0 and C1 control characters and DEL: in a name or a record they could move the cursor, clear the screen or
+# retitle the terminal that shows them.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | \
+    {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+_LAYOUT = {ord("\n"), ord("\t")}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character escaped but the newlines and tabs that lay it out."""
+    return text.translate({code: escape for code, escape in _CONTROLS.items() if code not in _LAYOUT})
+
+
+def one_field(text: str) -> str:
+    """``text`` as one field of one line (a table's cell, a tab-separated row): backslashes and every control
+    character escaped, so that the line reads back as it was."""
+    return text.replace("\\", "\\\\").translate(_CONTROLS)

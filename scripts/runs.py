@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_runs_args  # noqa: E402  (light: no torch)
-from project.errors import run_cli, say  # noqa: E402
+from project.errors import one_field, run_cli, say  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,8 +31,9 @@ def main(args: argparse.Namespace) -> int:
     rows = [("run", "state", "test/acc", "best checkpoint", "started")]
     for run in found:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started))
-        rows.append((str(run.folder), run.describe(), f"{run.test_acc:.4f}" if run.test_acc is not None else "-",
-                     run.best.name if run.best else "-", started))
+        rows.append((one_field(str(run.folder)), one_field(run.describe()),
+                     f"{run.test_acc:.4f}" if run.test_acc is not None else "-",
+                     one_field(run.best.name) if run.best else "-", started))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -228,8 +228,9 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     from PIL import Image
     from torch import nn
 
+    from project.errors import one_field
     from project.results.evaluation import Classifier
-    from project.results.prediction import classify_files, escaped, render_row
+    from project.results.prediction import classify_files, render_row
     from tests.tiny_recipe.data import TinyDataModule
 
     torch.manual_seed(0)
@@ -252,7 +253,7 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
                                                   f"{result['probability']:.4f}",
                                                   *(f"{c}:{p:.4f}" for c, p in result["topk"][1:])]
     assert isinstance(results[tmp_path / "0b-notes.txt"], str) and "image" in results[tmp_path / "0b-notes.txt"]
-    assert escaped("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
+    assert one_field("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
     assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are
 

@@ -154,3 +154,65 @@ def test_a_journal_whose_last_record_was_cut_goes_on_from_its_complete_records(t
     assert [t.value for t in again.trials] == [0.25, 0.5, 0.75]
     assert journal.read_bytes().endswith(b"\n") and json.loads(journal.read_bytes().splitlines()[-1])
     assert capsys.readouterr().err == ""  # a whole journal is left alone, and nothing is said
+
+
+def test_what_the_scripts_print_is_terminal_safe(capsys):
+    """A name or a record can hold escape sequences (retitle the terminal, clear the screen): printed, they are
+    shown as text; newlines and tabs still lay a summary out."""
+    from project.errors import say
+
+    say("run a\x1b]0;pwned\x07b\r\nsecond\tline\x9b")
+    assert capsys.readouterr().out == "run a\\x1b]0;pwned\\x07b\\r\nsecond\tline\\x9b\n"
+
+
+def test_runs_py_shows_each_run_on_one_row_whatever_its_name_and_record_hold(tmp_path):
+    evil = "evil\x1b]0;pwned\x07\nname"
+    run = tmp_path / "logs" / "tiny" / evil
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"state": "failed", "started": 1.8e9, "error": "boom\x1b[2J\nline 2"}))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--logdir", str(tmp_path / "logs"),
+                           "--name", "tiny"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not any(char in done.stdout + done.stderr for char in "\x1b\x07\r")
+    header, row = done.stdout.splitlines()  # one row for the one run
+    assert row.startswith(str(tmp_path / "logs" / "tiny" / "evil\\x1b]0;pwned\\x07\\nname"))
+    assert "failed: boom\\x1b[2J\\nline 2" in row
+
+
+@pytest.mark.slow
+def test_another_recipes_checkpoint_is_refused_by_every_script_naming_both(trained, tmp_path):
+    """The tiny recipe's checkpoints, given to scripts that use the second recipe: one line each, the same."""
+    import torch
+
+    from helpers import make_bars
+
+    best = Path(trained["results"]["best_checkpoint"])
+    last = trained["run"] / "checkpoints" / "last.ckpt"
+    unrecorded = tmp_path / "older.ckpt"  # written before checkpoints named their module
+    state = torch.load(best, weights_only=True)
+    del state["run_record"]["module"]
+    torch.save(state, unrecorded)
+    bars = make_bars(tmp_path / "bars")
+    image = tmp_path / "image.png"
+    from PIL import Image
+
+    Image.new("RGB", (16, 16)).save(image)
+    second = {**os.environ, "PROJECT_RECIPE": "tests.second_recipe"}
+    logs = ("--logdir", str(tmp_path / "logs"))
+    commands = {
+        "evaluate.py": ("--ckpt", str(best), "--data-dir", str(bars)),
+        "predict.py": (str(image), "--ckpt", str(best)),
+        "train.py": ("--resume", str(last), "--data-dir", str(bars), *logs),
+        "train.py ": ("--init-from", str(best), "--data-dir", str(bars), *logs),
+    }
+    for script, args in commands.items():
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / script.strip()), *args], capture_output=True,
+                              text=True, timeout=120, env=second)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        assert "trained by another recipe (tests.tiny_recipe.model:LitTiny), not by this one " \
+               "(tests.second_recipe.model:LitCNN); PROJECT_RECIPE names the recipe the scripts use" in line, line
+    assert not list((tmp_path / "logs").rglob("*"))  # no run folder (the writable check may make --logdir)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--ckpt", str(unrecorded),
+                           "--data-dir", str(bars)], capture_output=True, text=True, timeout=120, env=second)
+    assert "trained by another recipe (a model without --channels), not by this one" in done.stderr, done.stderr

@@ -15,6 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.contract import RECIPE_VARIABLE, Recipe
 from project.errors import CheckpointError, NonFiniteLossError, not_a_regular_file
 
 
@@ -117,7 +118,8 @@ class RunRecord(Callback):
                            checkpoint: dict[str, Any]) -> None:
         # K as it is now: auto follows the run's step time.
         steps_per_call = getattr(trainer.datamodule, "steps_per_call", self.steps_per_call)
-        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": steps_per_call}
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": steps_per_call,
+                                    "module": module_name(type(pl_module))}
         self._flush(trainer)
         if trainer.is_global_zero:
             self._note_in_run_record(trainer)
@@ -175,6 +177,25 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, An
     if not any(key.startswith("model.") for key in state["state_dict"]):
         raise CheckpointError(f"{path}: a Lightning checkpoint, but not of a ClassifierModule (no model.* weights)")
     return state
+
+
+def module_name(module_class: type) -> str:
+    """The recipe module a checkpoint records as the one that trained it."""
+    return f"{module_class.__module__}:{module_class.__qualname__}"
+
+
+def check_trained_by(checkpoint: dict[str, Any], path: Path, recipe: Recipe) -> None:
+    """Another recipe's checkpoint is refused in one line naming both recipes' models, before anything builds a
+    model from its settings. A checkpoint that does not record its module (written before it did) is another
+    recipe's where it lacks one of this recipe's options."""
+    mine = module_name(recipe.module_class())
+    recorded = checkpoint.get("run_record", {}).get("module")
+    lacking = [name for name in recipe.options if name not in checkpoint.get("hyper_parameters", {})]
+    if recorded is None and lacking:
+        recorded = f"a model without --{lacking[0].replace('_', '-')}"
+    if recorded is not None and recorded != mine:
+        raise CheckpointError(f"{path}: trained by another recipe ({recorded}), not by this one ({mine}); "
+                              f"{RECIPE_VARIABLE} names the recipe the scripts use")
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ from project.config.schema import RECIPE, RunConfig
 from project.config.trainer_args import same_trainer_value, trainer_default
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import runs
-from project.reliability.checkpointing import data_position, read_checkpoint
+from project.reliability.checkpointing import check_trained_by, data_position, read_checkpoint
 from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
 from project.reliability.run_folder import RunFolder
 
@@ -58,6 +58,7 @@ def checkpoint_to_resume(config: RunConfig, planned_steps: int | None = None, wo
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
     checkpoint = read_checkpoint(path)
+    check_trained_by(checkpoint, path, RECIPE)
     written_by = str(checkpoint.get("pytorch-lightning_version", "2"))
     if not written_by.split(".")[0].isdigit() or int(written_by.split(".")[0]) < 2:
         raise UserError(f"{path}: written by Lightning {written_by}, whose training loops kept another state; a "
@@ -112,7 +113,9 @@ def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
     path = _checkpoint_named(config)
     if path is None:
         return config
-    saved = _trained_with(read_checkpoint(path, mmap=True))  # its settings: the weights are read by the resume
+    checkpoint = read_checkpoint(path, mmap=True)  # its settings: the weights are read by the resume
+    check_trained_by(checkpoint, path, RECIPE)
+    saved = _trained_with(checkpoint)
     changes = {key: saved[key] for key in (*TRAINED, "max_epochs") if key in saved and key not in given}
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
@@ -169,7 +172,9 @@ def initial_weights(config: RunConfig) -> dict[str, Any] | None:
     if not config.init_from:
         return None
     path, _ = RunFolder.checkpoint(config.init_from, config.logdir, config.name, "--init-from")
-    return read_checkpoint(path)["state_dict"]
+    checkpoint = read_checkpoint(path)
+    check_trained_by(checkpoint, path, RECIPE)
+    return checkpoint["state_dict"]
 
 
 def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:

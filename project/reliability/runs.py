@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from project.config.trainer_args import changes_the_default
-from project.errors import UsageError
+from project.errors import UsageError, one_field
 from project.reliability.records import LIMITS, RUN_RECORD, DamagedRecord, read_results, read_run_record
 from project.secrets import redact_values
 
@@ -216,7 +216,8 @@ def newest_run(logdir: str | os.PathLike, name: str, need: str, flag: str) -> Ru
     real = [run for run in candidates if not run.smoke]
     passed_over = [run for run in found if run.state == "damaged" and (not real or run.started > real[0].started)]
     for run in passed_over:
-        print(f"{flag} {need}: passing over {run.folder}: {run.describe()}", file=sys.stderr)
+        print(f"{flag} {need}: passing over {one_field(str(run.folder))}: {one_field(run.describe())}",
+              file=sys.stderr)
     if not candidates:
         raise UsageError(f"{flag} {need}: no run with a {need} checkpoint under {Path(logdir, name)}; train first or "
                          "pass a path")

@@ -13,7 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project import EVAL_BATCH_SIZE
 from project.contract import recipe
 from project.errors import CheckpointError
-from project.reliability.checkpointing import read_checkpoint, read_weights
+from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
 from project.reliability.run_folder import RunFolder
 
@@ -58,6 +58,7 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
         return Classifier(network.eval(), source=str(weights))
     path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe().name, "--ckpt")
     state = read_checkpoint(path)
+    check_trained_by(state, path, recipe())
     module = module_class(**state["hyper_parameters"])
     try:
         module.load_state_dict(state["state_dict"], strict=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from project.errors import ImageError
+from project.errors import ImageError, one_field
 from project.results.evaluation import Classifier, recipe_data
 from project.results.image_files import image_files
 
@@ -34,8 +34,5 @@ def render_row(result: dict[str, Any]) -> str:
     backslash in the path is written as ``\\t``, ``\\n``, ``\\\\``, so that each line stays one row of three or more
     fields."""
     (digit, probability), *others = result["topk"]
-    return f"{escaped(result['path'])}\t{digit}\t{probability:.4f}" + "".join(f"\t{d}:{p:.4f}" for d, p in others)
+    return f"{one_field(result['path'])}\t{digit}\t{probability:.4f}" + "".join(f"\t{d}:{p:.4f}" for d, p in others)
 
-
-def escaped(path: str) -> str:
-    return path.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
