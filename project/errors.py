@@ -32,6 +32,7 @@ class Terminated(UserError):
 
     exit_code = 128 + 15
     prefix = "error: "
+    said = False  # its line is on stderr already (said before the process could be ended)
 
 
 class NothingToDo(UserError):
@@ -89,7 +90,8 @@ def run_cli(main: Callable[[], int | None], prog: str, debug: bool = False) -> N
         if debug:
             print(redact(traceback.format_exc()).rstrip(), file=sys.stderr)
         # Every rank of a DDP job stops on SIGTERM; the rank that was started first says so.
-        if not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
+        if not getattr(err, "said", False) and \
+                not (isinstance(err, (Terminated, NothingToDo)) and os.environ.get("LOCAL_RANK", "0") != "0"):
             prefix = getattr(err, "prefix", "error: ") if err.exit_code else ""
             print(f"{prog}: {prefix}{terminal_safe(redact(str(err)))}", file=sys.stderr)
         sys.exit(err.exit_code)

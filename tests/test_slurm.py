@@ -82,8 +82,8 @@ def test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_ne
     output = (logdir.parent / f"slurm-{job}.out").read_text()
     for step in stops:
         assert 0 < step < 600
-        assert (f"train.py: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; job {job} "
-                "requeued: it continues from last.ckpt in this folder") in output
+        assert (f"train.py: stopped by SIGUSR1 after step {step}; last.ckpt holds that step; requeueing job {job}: "
+                "it continues from last.ckpt in this folder") in output
     assert output.count(f"job {job}: start") == 3 and "Traceback" not in output
     assert [p.name for p in (logdir / "tiny").iterdir()] == [f"job_{job}"]  # one run, one folder
     assert_same_training_state(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True),

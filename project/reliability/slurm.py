@@ -37,19 +37,20 @@ def cluster_plugins() -> list[ClusterEnvironment]:
     return [LightningEnvironment()]
 
 
-def requeue_this_job() -> str:
-    """``scontrol requeue`` this job (from rank 0); what happened, to end the run's stop message ("" outside
-    SLURM and on the other ranks)."""
+def job_to_requeue() -> str | None:
+    """This SLURM job as ``scontrol requeue`` names it, on rank 0 (None outside SLURM and on the other ranks)."""
     job = os.environ.get("SLURM_JOB_ID")
     if "SLURM_ARRAY_JOB_ID" in os.environ:  # an array task is requeued by its array id and index
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    if not job or rank_zero_only.rank != 0:
-        return ""
+    return job if job and rank_zero_only.rank == 0 else None
+
+
+def requeue(job: str) -> str | None:
+    """``scontrol requeue`` the job: None when SLURM took it, else why not."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
-        return f"; scontrol is not on PATH here, so job {job} was not requeued: submit it again to continue"
+        return "scontrol is not on PATH here"
     done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
-        return f"; requeueing job {job} failed ({reason}): submit it again to continue"
-    return f"; job {job} requeued: it continues from last.ckpt in this folder"
+        return (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+    return None

@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import Terminated
 from project.reliability.checkpointing import validation_due
-from project.reliability.slurm import requeue_this_job
+from project.reliability.slurm import job_to_requeue, requeue
 
 # SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.
 # SIGHUP: the terminal went away (a closed window, a dropped ssh session).
@@ -55,13 +55,24 @@ class StopSignals:
     def terminated(self, what: str) -> Terminated:
         """The exception that ends the run, its message saying what really happened. On SLURM, SIGUSR1
         (the time-limit warning) requeues the job, which continues the run where it stopped."""
-        requeued = requeue_this_job() if self.received == signal.SIGUSR1 else ""
-        if requeued:
-            what = what.replace(": continue with --resume last", "") + requeued
-        error = Terminated(f"stopped by {self.name()} {what}")
+        job = job_to_requeue() if self.received == signal.SIGUSR1 else None
+        if job is None:
+            error = Terminated(f"stopped by {self.name()} {what}")
+        else:
+            error = self._requeued(job, what.replace(": continue with --resume last", ""))
         error.exit_code = 128 + int(self.received or signal.SIGTERM)
-        if requeued.startswith("; job ") and requeued.endswith("in this folder"):
-            error.prefix = ""  # the requeue SLURM was asked for: no error
+        return error
+
+    def _requeued(self, job: str, what: str) -> Terminated:
+        """The stop's line is said before the requeue: srun relays this process's output only until the requeue
+        ends its job step, and a line printed after it is lost."""
+        line = f"stopped by {self.name()} {what}; requeueing job {job}: it continues from last.ckpt in this folder"
+        print(f"train.py: {line}", file=sys.stderr, flush=True)
+        failure = requeue(job)
+        if failure is not None:
+            return Terminated(f"requeueing job {job} failed ({failure}): submit it again to continue")
+        error = Terminated(line)
+        error.prefix, error.said = "", True  # the requeue SLURM was asked for: no error, and said already
         return error
 
     def check(self, what: str) -> None:
