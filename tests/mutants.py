@@ -306,7 +306,7 @@ MUTANTS = (
 def copy_template(destination: Path) -> Path:
     """The template's code and tests, without caches, where a mutant can be applied."""
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("project", "scripts", "tests"):
+    for folder in ("project", "scripts", "slurm", "tests"):  # slurm/: the SLURM tests submit its script
         shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", destination / "pyproject.toml")
     return destination
