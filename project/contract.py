@@ -68,7 +68,7 @@ class Recipe:
     # folder: ``function(folder: Path, train: int, test: int, seed: int) -> None``. The conformance tests
     # (tests/test_recipe_conformance.py) train on it.
     example_data: str | None = None
-    package: str = DEFAULT_RECIPE  # set by recipe(): the package the names above are relative to
+    package: str = DEFAULT_RECIPE  # set by load_recipe(): the package the names above are relative to
 
     def module_class(self) -> Any:
         return load_class(self.module, self.package)
@@ -86,15 +86,11 @@ class Recipe:
     @property
     def folder(self) -> Path:
         """Where the recipe's package lives: its presets (configs/) and sweep space (sweep.yaml) are there."""
-        return Path(importlib.import_module(self.package).__file__).parent
+        return Path(str(importlib.import_module(self.package).__file__)).parent
 
     def presets(self) -> dict[str, Path]:
         """``--config NAME`` files: the recipe's ``configs/NAME.yaml``."""
         return {p.stem: p for p in sorted((self.folder / "configs").glob("*.yaml"))}
-
-    def options_of(self, values: Any) -> dict[str, Any]:
-        """The recipe's options as keyword arguments for its module, read from a ``RunConfig``."""
-        return {name: getattr(values, name) for name in self.options}
 
 
 def load_class(spec: str, package: str = DEFAULT_RECIPE) -> Any:
@@ -153,9 +149,10 @@ def load_recipe(package: str) -> Recipe:
     return dataclasses.replace(found, package=package)
 
 
-def recipe() -> Recipe:
-    """The recipe the engine trains, or exit 2 with one line saying why not (``--debug``: the traceback too): this
-    runs while a script reads its command line (the recipe's options are flags), before ``run_cli`` is in place."""
+def installed_recipe() -> Recipe:
+    """The recipe ``$PROJECT_RECIPE`` names (else ``project.recipe``), or exit 2 with one line saying why not
+    (``--debug``: the traceback too). Only the scripts call it, once, before they read their command line (the
+    recipe's options are flags); everything else is handed the recipe."""
     try:
         return load_recipe(recipe_package())
     except RecipeError as err:

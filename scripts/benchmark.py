@@ -17,22 +17,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_benchmark_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import UsageError, run_cli  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     import tempfile
 
     from project.benchmark import runner as bench
-    from project.config.schema import RECIPE
-
     with tempfile.TemporaryDirectory(prefix="benchmark-data-") as scratch:
         if args.example_data:
-            if RECIPE.example_data is None:
-                raise UsageError(f"--example-data: the recipe {RECIPE.package} names no example_data")
-            args.data_dir = str(RECIPE.write_example_data(Path(scratch), args.example_data,
+            if recipe.example_data is None:
+                raise UsageError(f"--example-data: the recipe {recipe.package} names no example_data")
+            args.data_dir = str(recipe.write_example_data(Path(scratch), args.example_data,
                                                           max(args.example_data // 4, 1)))
-        results = bench.run_all(args, Path(args.out))
+        results = bench.run_all(recipe, args, Path(args.out))
         if args.time_to_accuracy:
             results["time_to_accuracy"] = bench.time_to_accuracy(Path(__file__).with_name("train.py"),
                                                                  args.data_dir)
@@ -41,5 +40,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    arguments = parse_benchmark_args(__doc__)
-    run_cli(lambda: main(arguments), "benchmark.py", debug=arguments.debug)
+    RECIPE = installed_recipe()
+    arguments = parse_benchmark_args(RECIPE, __doc__)
+    run_cli(lambda: main(RECIPE, arguments), "benchmark.py", debug=arguments.debug)

@@ -18,28 +18,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_check_recipe_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli, say  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     import tempfile
 
-    from project.config.schema import RECIPE, RunConfig
+    from project.config.schema import RunConfig, settings_of
     from project.training.console import quiet_lightning_info
     from project.training.recipe_checks import check_recipe
 
     quiet_lightning_info()  # the checks' findings, not the banners of the Trainers they run
 
-    epochs = args.max_epochs or min(RunConfig().max_epochs, 4)
+    defaults = settings_of(recipe)
+    epochs = args.max_epochs or min(defaults["max_epochs"].default, 4)
     with tempfile.TemporaryDirectory(prefix="recipe-data-") as scratch:
-        data_dir = args.data_dir or str(RECIPE.write_example_data(Path(scratch)))
+        data_dir = args.data_dir or str(recipe.write_example_data(Path(scratch)))
         # The example data is small: a share of it for validation, whatever the recipe holds out of its real data,
         # and batches small enough for an epoch of several steps, whatever batch the recipe trains with.
-        example = {} if args.data_dir else {"val_size": 0.2, "batch_size": min(RunConfig().batch_size, 32)}
-        config = RunConfig(data_dir=data_dir, max_epochs=epochs, **example)
-        say(f"recipe {RECIPE.package} on " + (data_dir if args.data_dir else
+        example = {} if args.data_dir else {"val_size": 0.2, "batch_size": min(defaults["batch_size"].default, 32)}
+        config = RunConfig.for_recipe(recipe, data_dir=data_dir, max_epochs=epochs, **example)
+        say(f"recipe {recipe.package} on " + (data_dir if args.data_dir else
                                                f"its example data (batch {config.batch_size})"))
-        findings = check_recipe(config, learn=not args.no_learn)
+        findings = check_recipe(config, recipe, learn=not args.no_learn)
         for finding in findings:
             say(finding.line())
     failed = sum(finding.problem is not None for finding in findings)
@@ -48,5 +50,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    RECIPE = installed_recipe()
     arguments = parse_check_recipe_args(__doc__)
-    run_cli(lambda: main(arguments), "check_recipe.py", debug=arguments.debug)
+    run_cli(lambda: main(RECIPE, arguments), "check_recipe.py", debug=arguments.debug)

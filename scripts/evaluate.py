@@ -11,15 +11,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_evaluate_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     from project.results import evaluation
 
-    classifier = evaluation.load_classifier(args.ckpt, args.weights, args.logdir, args.name)
+    classifier = evaluation.load_classifier(recipe, args.ckpt, args.weights, args.logdir, args.name)
     print(f"evaluate.py: using {classifier.describe()}", file=sys.stderr)
-    results = evaluation.evaluate_test_set(classifier, args.data_dir)
+    results = evaluation.evaluate_test_set(recipe, classifier, args.data_dir)
     print(json.dumps(results, indent=2) if args.json else evaluation.render(results))
     if args.plot:
         evaluation.plot_confusion(results, args.plot)
@@ -28,5 +29,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    arguments = parse_evaluate_args(__doc__)
-    run_cli(lambda: main(arguments), "evaluate.py", debug=arguments.debug)
+    RECIPE = installed_recipe()
+    arguments = parse_evaluate_args(RECIPE, __doc__)
+    run_cli(lambda: main(RECIPE, arguments), "evaluate.py", debug=arguments.debug)

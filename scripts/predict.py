@@ -15,17 +15,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_predict_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     from project.results.evaluation import load_classifier
     from project.results.prediction import classify_files, render_row
 
-    classifier = load_classifier(args.ckpt, args.weights, args.logdir, args.name)
+    classifier = load_classifier(recipe, args.ckpt, args.weights, args.logdir, args.name)
     print(f"predict.py: using {classifier.describe()}", file=sys.stderr)
     results, failures = [], 0
-    for path, outcome in classify_files(classifier, args.inputs, args.topk):
+    for path, outcome in classify_files(recipe, classifier, args.inputs, args.topk):
         if isinstance(outcome, str):
             failures += 1
             print(f"predict.py: {path}: {outcome}", file=sys.stderr)
@@ -39,5 +40,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    arguments = parse_predict_args(__doc__)
-    run_cli(lambda: main(arguments), "predict.py", debug=arguments.debug)
+    RECIPE = installed_recipe()
+    arguments = parse_predict_args(RECIPE, __doc__)
+    run_cli(lambda: main(RECIPE, arguments), "predict.py", debug=arguments.debug)

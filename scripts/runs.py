@@ -18,10 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_runs_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import one_field, run_cli, say  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     from project.reliability.run_folder import RunFolder
 
     found = RunFolder.listed(args.logdir, args.name)
@@ -41,5 +42,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    arguments = parse_runs_args(__doc__)
-    run_cli(lambda: main(arguments), "runs.py", debug=arguments.debug)
+    RECIPE = installed_recipe()
+    arguments = parse_runs_args(RECIPE, __doc__)
+    run_cli(lambda: main(RECIPE, arguments), "runs.py", debug=arguments.debug)

@@ -15,16 +15,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_sweep_args  # noqa: E402  (light: no torch)
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 
 
-def main(args: argparse.Namespace) -> int:
+def main(recipe: Recipe, args: argparse.Namespace) -> int:
     from project.sweeps import report as sweep_report
     from project.sweeps import storage as sweep_storage
     from project.sweeps import study as sweep
     from project.sweeps import workers as sweep_workers
 
-    study, storage, objective = sweep.prepare(args)
+    study, storage, objective = sweep.prepare(recipe, args)
     workers = sweep_workers.plan_workers(args.workers, objective.trial_config({}), objective.params)
     if not args.worker:
         grid = f" (grid of {sweep.grid_size(objective.params)})" if args.sampler == "grid" else ""
@@ -36,10 +37,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         sweep.run_trials(study, storage, objective, args.n_trials)
     if not args.worker:
-        print(sweep_report.report(study, objective.fixed, objective.folder))
+        print(sweep_report.report(study, recipe, objective.fixed, objective.folder))
     return 0
 
 
 if __name__ == "__main__":
-    arguments = parse_sweep_args(__doc__)
-    run_cli(lambda: main(arguments), "sweep.py", debug=arguments.debug)
+    RECIPE = installed_recipe()
+    arguments = parse_sweep_args(RECIPE, __doc__)
+    run_cli(lambda: main(RECIPE, arguments), "sweep.py", debug=arguments.debug)

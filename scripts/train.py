@@ -11,14 +11,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from project.config.cli import parse_run_command  # noqa: E402  (light: no torch)
 from project.config.schema import RunConfig  # noqa: E402
+from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli, say  # noqa: E402
 
 
-def main(config: RunConfig, given: frozenset[str], started: float) -> int:
+def main(recipe: Recipe, config: RunConfig, given: frozenset[str], started: float) -> int:
     if config.resume:
         from project.reliability.resume import adopt_run_settings
 
-        config = adopt_run_settings(config, given)
+        config = adopt_run_settings(config, given, recipe)
     if config.print_config:
         import yaml
 
@@ -32,7 +33,7 @@ def main(config: RunConfig, given: frozenset[str], started: float) -> int:
         say(test_line(metrics))
         printed.append(True)
 
-    result = train(config, on_tested=print_test_metrics)
+    result = train(config, recipe, on_tested=print_test_metrics)
     if result.is_global_zero:
         say(f"{result.summary(with_test_metrics=not printed)}\nwall time {time.perf_counter() - started:.1f} s")
     return 0
@@ -40,5 +41,6 @@ def main(config: RunConfig, given: frozenset[str], started: float) -> int:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    config, given = parse_run_command()
-    run_cli(lambda: main(config, given, started), "train.py", debug=config.debug)
+    RECIPE = installed_recipe()
+    config, given = parse_run_command(RECIPE)
+    run_cli(lambda: main(RECIPE, config, given, started), "train.py", debug=config.debug)

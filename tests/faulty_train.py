@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import fill_file_system  # noqa: E402
 from project.config.cli import parse_run_command  # noqa: E402
-from project.contract import recipe  # noqa: E402
+from project.contract import installed_recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 from project.training import run, steps_per_call  # noqa: E402
 
@@ -95,7 +95,8 @@ class FillDiskAt(StopAt):
 
 
 def main() -> int:
-    config, given = parse_run_command()
+    recipe = installed_recipe()
+    config, given = parse_run_command(recipe)
     callbacks = []
     if "FAIL_RANK" in os.environ:
         callbacks.append(FailAt(int(os.environ["FAIL_RANK"]), int(os.environ["FAIL_STEP"])))
@@ -107,7 +108,7 @@ def main() -> int:
         stop = FillDiskAt(*os.environ["FILL_DISK"].split(":", 1))
     if stop is not None:
         callbacks.append(stop)
-        module_class = recipe().module_class()
+        module_class = recipe.module_class()
         export_weights = module_class.export_weights
 
         def interrupted_export(*args, **kwargs):
@@ -122,8 +123,8 @@ def main() -> int:
             lambda self, trainer, *args: steps_per_call.retime(trainer, seconds)
     train_script = _load_train_script()
     plain_train = run.train
-    run.train = lambda config, **kwargs: plain_train(config, **kwargs, callbacks=callbacks)
-    run_cli(lambda: train_script.main(config, given, time.perf_counter()), "train.py", debug=config.debug)
+    run.train = lambda config, recipe, **kwargs: plain_train(config, recipe, **kwargs, callbacks=callbacks)
+    run_cli(lambda: train_script.main(recipe, config, given, time.perf_counter()), "train.py", debug=config.debug)
     return 0
 
 

@@ -74,12 +74,34 @@ def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) ->
                       timeout=timeout)
 
 
+def tiny_recipe() -> Any:
+    """The engine's tests' recipe, ``tests/tiny_recipe``, as a value (what ``PROJECT_RECIPE`` names for scripts)."""
+    from project.contract import load_recipe
+
+    return load_recipe("tests.tiny_recipe")
+
+
 def tiny_config(data_dir: Path, logdir: Path, **settings: Any) -> Any:
-    """A ``RunConfig`` for an in-process ``train()`` on tiny data (no progress bar)."""
+    """A ``RunConfig`` of the tests' recipe for an in-process ``train()`` on tiny data (no progress bar)."""
     from project.config.schema import RunConfig
 
     trainer = {"enable_progress_bar": False, **settings.pop("trainer", {})}
-    return RunConfig(data_dir=str(data_dir), logdir=str(logdir), **{**TINY_SETTINGS, **settings}, trainer=trainer)
+    return RunConfig.for_recipe(tiny_recipe(), data_dir=str(data_dir), logdir=str(logdir),
+                                **{**TINY_SETTINGS, **settings}, trainer=trainer)
+
+
+def train(config: Any, **kwargs: Any) -> Any:
+    """``project.training.run.train`` of the tests' recipe, in this process."""
+    from project.training.run import train as train_recipe
+
+    return train_recipe(config, tiny_recipe(), **kwargs)
+
+
+def parse_run_config(argv: list[str]) -> Any:
+    """``train.py``'s command line, for the tests' recipe: the run's ``RunConfig``."""
+    from project.config.cli import parse_run_command
+
+    return parse_run_command(tiny_recipe(), argv)[0]
 
 
 def summary_value(output: str, key: str) -> str:

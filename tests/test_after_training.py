@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import event_accumulator, free_port, run_script
+from helpers import event_accumulator, free_port, run_script, tiny_recipe
 from tests.tiny_recipe.model import LitTiny
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr",
@@ -70,7 +70,8 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
 
     from project.results.evaluation import evaluate_test_set, load_classifier, render
 
-    text = render(evaluate_test_set(load_classifier(weights=trained["results"]["weights"]), str(trained["data"])))
+    classifier = load_classifier(tiny_recipe(), weights=trained["results"]["weights"])
+    text = render(evaluate_test_set(tiny_recipe(), classifier, str(trained["data"])))
     assert f"test/acc  {trained['results']['test/acc']:.4f}" in text
     assert "confusion matrix (rows: true class, columns: predicted)" in text
 
@@ -81,7 +82,7 @@ def test_evaluate_names_what_is_missing(trained, tmp_path):
     from project.results.evaluation import load_classifier
 
     with pytest.raises(CheckpointError, match="nope.pth: no such file"):
-        load_classifier(weights=str(tmp_path / "nope.pth"))
+        load_classifier(tiny_recipe(), weights=str(tmp_path / "nope.pth"))
     with pytest.raises(UsageError, match="--ckpt best: no run with a best checkpoint under"):
         checkpoint_of("best", tmp_path, "tiny", "--ckpt")
     path, run = checkpoint_of("last", trained["logs"], "tiny", "--ckpt")
@@ -239,7 +240,7 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     for index, image in enumerate(pixels):
         Image.fromarray(image.numpy(), "L").save(tmp_path / f"{index}.png")
     (tmp_path / "0b-notes.txt").write_text("not an image")  # between the two images: the second is still read
-    results = dict(classify_files(Classifier(network, "net"), [str(tmp_path)], topk=3))
+    results = dict(classify_files(tiny_recipe(), Classifier(network, "net"), [str(tmp_path)], topk=3))
     assert list(results) == [tmp_path / "0.png", tmp_path / "0b-notes.txt", tmp_path / "1.png"]
     mean, std = TinyDataModule.mean[0], TinyDataModule.std[0]
     for index, image in enumerate(pixels):
@@ -254,7 +255,7 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
                                                   *(f"{c}:{p:.4f}" for c, p in result["topk"][1:])]
     assert isinstance(results[tmp_path / "0b-notes.txt"], str) and "image" in results[tmp_path / "0b-notes.txt"]
     assert one_field("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
-    assert len(dict(classify_files(Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
+    assert len(dict(classify_files(tiny_recipe(), Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are
 
 

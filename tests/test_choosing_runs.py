@@ -16,10 +16,20 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import TIMED, TINY, TRAIN, event_accumulator, make_tiny_data, one_line_error, run_script, tiny_config
+from helpers import (
+    TIMED,
+    TINY,
+    TRAIN,
+    event_accumulator,
+    make_tiny_data,
+    one_line_error,
+    run_script,
+    tiny_config,
+    tiny_recipe,
+    train,
+)
 from project.errors import NothingToDo, Terminated, UsageError, UserError
 from project.reliability import runs
-from project.training.run import train
 
 SHORT = {"max_epochs": 2, "accelerator": "cpu", "steps_per_call": 1}  # 7 steps an epoch, one per Lightning step
 
@@ -151,7 +161,7 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
     command = ["--data-dir", str(data), "--logdir", str(tmp_path / "stopped"), "--accelerator", "cpu",
                "--steps-per-call", "1", "--trainer.enable_progress_bar", "false", "--resume", "last"]
     with caplog.at_level("INFO", logger="lightning.pytorch"):
-        config = adopt_run_settings(*parse_run_command(command))
+        config = adopt_run_settings(*parse_run_command(tiny_recipe(), command), tiny_recipe())
     assert (config.seed, config.lr, config.scheduler, config.max_epochs, config.batch_size, config.val_size,
             config.trainer["gradient_clip_val"]) == (3, 0.05, "cosine", 3, 32, 40, 0.5)
     checkpoint = tmp_path / "stopped" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
@@ -161,7 +171,7 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
     weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)
     reference = torch.load(uninterrupted.run_dir / "model.pth", weights_only=True)
     assert all(torch.equal(weights[key], reference[key]) for key in reference)
-    changed = adopt_run_settings(*parse_run_command([*command, "--seed", "4"]))
+    changed = adopt_run_settings(*parse_run_command(tiny_recipe(), [*command, "--seed", "4"]), tiny_recipe())
     assert changed.seed == 4 and changed.lr == 0.05  # what the command gives is kept: the resume refuses it
     with pytest.raises(UserError, match="--seed 4: the checkpoint's run trained with --seed 3"):
         train(changed)
@@ -218,15 +228,16 @@ def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
     from project.config.schema import RunConfig
     from project.reliability.resume import check_same_training
 
-    check_same_training({"val_size": None}, RunConfig(val_size=40), tmp_path)  # the recipe's own default
+    check_same_training({"val_size": None}, RunConfig(val_size=40), tmp_path, tiny_recipe())  # the recipe's own default
     with pytest.raises(UserError, match="--val-size 30: the checkpoint's run trained with --val-size 40"):
-        check_same_training({"val_size": None}, RunConfig(val_size=30), tmp_path)
+        check_same_training({"val_size": None}, RunConfig(val_size=30), tmp_path, tiny_recipe())
     # Lightning's defaults, given explicitly: all the batches (1.0), one batch a step, no step limit.
     check_same_training({"trainer": {}}, RunConfig(trainer={"limit_train_batches": 1.0, "accumulate_grad_batches": 1,
-                                                            "max_steps": -1}), tmp_path)
+                                                            "max_steps": -1}), tmp_path, tiny_recipe())
     with pytest.raises(UserError, match=r"--trainer.limit_train_batches 1: .* trained with "
                                         r"--trainer.limit_train_batches 1.0"):
-        check_same_training({"trainer": {}}, RunConfig(trainer={"limit_train_batches": 1}), tmp_path)  # one batch
+        one_batch = RunConfig(trainer={"limit_train_batches": 1})
+        check_same_training({"trainer": {}}, one_batch, tmp_path, tiny_recipe())
     # ... nor a smoke test: only a limit that limits something marks the run as one.
     runs.start_record(tmp_path, {"limit_train_batches": 1.0, "max_steps": -1, "limit_val_batches": 2}, resumed=False)
     assert runs.read_record(tmp_path)["limited"] == ["limit_val_batches"]

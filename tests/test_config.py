@@ -6,9 +6,9 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_STARTED, one_line_error, run_script
-from project.config.cli import build_parser, parse_run_config
-from project.config.schema import RunConfig, resolve_config
+from helpers import ROOT, RUN_STARTED, one_line_error, parse_run_config, run_script, tiny_recipe
+from project.config.cli import build_parser
+from project.config.schema import RunConfig, resolve_config, settings_of
 from project.config.trainer_args import check_trainer_args
 from project.errors import UsageError
 
@@ -40,18 +40,19 @@ def test_help_is_instant_and_imports_no_torch():
 
 
 def test_every_setting_is_a_flag_with_its_default():
-    parser = build_parser()
+    parser = build_parser(tiny_recipe())
     flags = {option for action in parser._actions for option in action.option_strings}  # noqa: SLF001
-    for name in RunConfig.settings():
+    for name in settings_of(tiny_recipe()):
         assert "--" + name.replace("_", "-") in flags
-    assert parse_run_config([]) == RunConfig()
+    assert "--hidden" in flags  # the recipe's option
+    assert parse_run_config([]) == RunConfig.for_recipe(tiny_recipe())
 
 
 def test_command_line_overrides_the_config_file(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("max_epochs: 3\nbatch-size: 128\nhidden: [256, 128]\ndeterministic: true\nfast_dev_run: true\n")
     args = parse_run_config(["--config", str(config), "--max-epochs", "4", "--no-fast-dev-run"])
-    assert (args.max_epochs, args.batch_size, args.hidden, args.deterministic) == (4, 128, [256, 128], True)
+    assert (args.max_epochs, args.batch_size, args.options["hidden"], args.deterministic) == (4, 128, [256, 128], True)
     assert args.fast_dev_run is False
     assert parse_run_config(["--config", str(config)]).fast_dev_run is True  # allowed in config files
 
@@ -77,21 +78,21 @@ def test_a_missing_config_file_is_one_line(tmp_path, capsys):
 
 def test_a_preset_is_named_by_the_recipe_and_the_command_line_overrides_it(capsys):
     args = parse_run_config(["--config", "quick", "--max-epochs", "3"])
-    assert (args.max_epochs, args.batch_size, args.hidden) == (3, 32, [16])
+    assert (args.max_epochs, args.batch_size, args.options["hidden"]) == (3, 32, [16])
     line = refused(capsys, ["--config", "quik"])
     assert line.endswith("--config quik: no such file, and not one of the recipe's presets (quick)")
 
 
 def test_the_recipes_defaults_replace_the_engines():
-    from project.config.schema import EngineSettings
-
-    recipe_defaults = RunConfig()
-    engine_defaults = EngineSettings()
+    recipe_defaults = RunConfig.for_recipe(tiny_recipe())
+    engine_defaults = RunConfig()
     assert (recipe_defaults.batch_size, recipe_defaults.optimizer, recipe_defaults.lr) == (256, "sgd", 0.2)
+    assert (recipe_defaults.name, recipe_defaults.options) == ("tiny", {"hidden": [128]})
     assert (engine_defaults.batch_size, engine_defaults.optimizer, engine_defaults.lr) == (64, "adamw", 1e-3)
-    help_text = build_parser().format_help()
+    help_text = build_parser(tiny_recipe()).format_help()
     assert "(default: 256, the recipe's)" in help_text and "(default: 1000)" in help_text
-    assert RunConfig().to_mapping()["batch_size"] == 256  # config.yaml records them
+    assert recipe_defaults.to_mapping()["batch_size"] == 256  # config.yaml records them
+    assert recipe_defaults.to_mapping()["hidden"] == [128]  # the options beside the engine's settings
 
 
 INVALID_FLAGS = [
@@ -172,7 +173,7 @@ def test_trainer_argument_checks_follow_the_declared_types():
 
 
 def test_resolve_config_layers_override_in_order():
-    config = resolve_config([({"lr": 0.1, "seed": 3}, "fixed"), ({"lr": 0.3}, "params")])
+    config = resolve_config([({"lr": 0.1, "seed": 3}, "fixed"), ({"lr": 0.3}, "params")], tiny_recipe())
     assert (config.lr, config.seed) == (0.3, 3)
     saved = config.to_mapping()
     assert "resume" not in saved and "export" not in saved and "debug" not in saved and saved["lr"] == 0.3

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import TINY, TRAIN, free_port, make_tiny_data, run_script
+from helpers import TINY, TRAIN, free_port, make_tiny_data, run_script, tiny_recipe
 from project.config.schema import RunConfig
 from project.errors import Terminated, UsageError, UserError
 from project.hardware.devices import resolve_hardware
@@ -238,7 +238,7 @@ def test_ddp_val_acc_is_the_single_process_accuracy_of_the_same_weights(uninterr
     datamodule = TinyDataModule(uninterrupted_ddp["data"], val_size=40, seed=0)
     datamodule.setup("fit")
     val = datamodule.val_set
-    single = evaluate(load_classifier(ckpt=str(best)), val.inputs, val.targets, 10)["test/acc"]
+    single = evaluate(load_classifier(tiny_recipe(), ckpt=str(best)), val.inputs, val.targets, 10)["test/acc"]
     assert single == pytest.approx(score, abs=1e-6)
 
 

@@ -9,13 +9,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from helpers import assert_same_training_state, make_tiny_data, tiny_config, tiny_run
+from helpers import assert_same_training_state, make_tiny_data, tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.hardware.cuda_graphs import capture_plan
+from project.hardware.cuda_graphs import StepMode, capture_plan
 from project.hardware.device_step import DeviceStep, NotCapturable, RunningAccuracy, advance_schedule, schedule_table
 from project.training.classifier import ClassifierModule, optimizer_and_schedule
-from project.training.run import train
 
 STEPS = 60
 SCHEDULES = {  # name: (optimizer settings, schedule)
@@ -233,22 +232,22 @@ def test_running_accuracy_counts_in_place_and_resets_where_it_is():
 
 
 def test_where_cuda_graphs_go_and_where_they_are_refused():
-    assert capture_plan(RunConfig(), "cuda", 8)[0] == "graphs"  # the default on a GPU
-    assert capture_plan(RunConfig(), "cpu", 8) == ("off", "cpu: CUDA graphs need a GPU")
-    assert capture_plan(RunConfig(cuda_graphs=True), "cpu", 8)[0] == "device"
-    assert capture_plan(RunConfig(cuda_graphs=False), "cuda", 8) == ("off", "--no-cuda-graphs")
+    assert capture_plan(RunConfig(), "cuda", 8)[0] is StepMode.GRAPHS  # the default on a GPU
+    assert capture_plan(RunConfig(), "cpu", 8) == (StepMode.OFF, "cpu: CUDA graphs need a GPU")
+    assert capture_plan(RunConfig(cuda_graphs=True), "cpu", 8)[0] is StepMode.DEVICE
+    assert capture_plan(RunConfig(cuda_graphs=False), "cuda", 8) == (StepMode.OFF, "--no-cuda-graphs")
     for config, k, why in [
         (RunConfig(), 1, "DDP all-reduces"),
         (RunConfig(compile="default"), 8, "--compile makes its own graphs"),
-        (RunConfig(optimizer="adam"), 8, "one-cycle cycles adam's beta1"),
+        (RunConfig(optimizer="adam", scheduler="onecycle"), 8, "one-cycle cycles adam's beta1"),
         (RunConfig(detect_anomaly=True), 8, "--detect-anomaly"),
     ]:
         mode, reason = capture_plan(config, "cuda", k, "DDP all-reduces gradients once per forward")
-        assert mode == "off" and why in reason
+        assert mode is StepMode.OFF and why in reason
         with pytest.raises(UsageError, match=f"--cuda-graphs: not possible here .*{why}"):
             capture_plan(config.replace(cuda_graphs=True), "cuda", k, "DDP all-reduces gradients once per forward")
     for precision in ("32", "bf16-mixed", "16-mixed"):  # every precision: 16-mixed's loss scale stays on the device
-        assert capture_plan(RunConfig(precision=precision), "cuda", 8)[0] == "graphs"
+        assert capture_plan(RunConfig(precision=precision), "cuda", 8)[0] is StepMode.GRAPHS
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +266,7 @@ def run(data, folder, **settings):
 
 def test_a_run_through_the_device_step_resumes_mid_epoch_bitwise(data, tmp_path):
     full, uninterrupted = run(data, tmp_path / "full")
-    assert full.step_mode == "device" and full.optimizer_steps == 34
+    assert full.steps.mode is StepMode.DEVICE and full.optimizer_steps == 34
     middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
     _, resumed = run(data, tmp_path / "resumed", resume=str(middle))
     assert_same_training_state(uninterrupted, resumed)

@@ -32,8 +32,9 @@ def script(name: str, *args: str, expect: int = 0) -> subprocess.CompletedProces
 def disk_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The shapes as PNG files, and one run on them that the other runs compare with."""
     root = tmp_path_factory.mktemp("disk")
-    done = subprocess.run([sys.executable, "-c", "import sys, pathlib; from project.contract import recipe; "
-                           "recipe().write_example_data(pathlib.Path(sys.argv[1]))", str(root / "data")],
+    done = subprocess.run([sys.executable, "-c", "import sys, pathlib; from project.contract import "
+                           "installed_recipe; installed_recipe().write_example_data(pathlib.Path(sys.argv[1]))",
+                           str(root / "data")],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, **DISK, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     trained = script("train.py", "--data-dir", str(root / "data"), "--logdir", str(root / "logs"), *RUN)

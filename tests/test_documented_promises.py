@@ -18,12 +18,11 @@ import torch
 import yaml
 from PIL import Image
 
-from helpers import ROOT, TINY, make_tiny_data, tiny_config
+from helpers import ROOT, TINY, make_tiny_data, tiny_config, tiny_recipe, train
 from project.config.schema import RunConfig
 from project.reliability import runs
 from project.reliability.run_files import roll_back_logs
 from project.training.plan import planned_steps
-from project.training.run import train
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +86,7 @@ def test_a_sweeps_best_yaml_holds_its_best_trial(tmp_path):
     lr = optuna.distributions.FloatDistribution(1e-4, 1.0, log=True)
     for value, rate in ((0.61, 0.001), (0.97, 0.2), (0.12, 0.9), (0.88, 0.05)):
         study.add_trial(optuna.trial.create_trial(params={"lr": rate}, distributions={"lr": lr}, value=value))
-    text = report(study, {"scheduler": "none"}, tmp_path)
+    text = report(study, tiny_recipe(), {"scheduler": "none"}, tmp_path)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["lr"] == 0.2 and best["scheduler"] == "none"
     assert text.splitlines()[4].startswith("| 1 | 0.9700 |")  # the table's first row is the best trial
@@ -146,7 +145,7 @@ def test_the_test_loss_is_the_mean_over_samples_not_over_batches(data, tmp_path)
     from project.results.evaluation import evaluate_test_set, load_classifier
 
     result = train(tiny_config(data, tmp_path, max_epochs=1, accelerator="cpu", eval_batch_size=32, lr=0.05))
-    whole = evaluate_test_set(load_classifier(ckpt=result.best_checkpoint), str(data))
+    whole = evaluate_test_set(tiny_recipe(), load_classifier(tiny_recipe(), ckpt=result.best_checkpoint), str(data))
     assert whole["samples"] == 80
     assert result.test_metrics["test/loss"] == pytest.approx(whole["test/loss"], rel=1e-5)
     assert result.test_metrics["test/acc"] == pytest.approx(whole["test/acc"], abs=1e-7)

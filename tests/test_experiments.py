@@ -7,15 +7,14 @@ import pytest
 import torch
 import yaml
 
-from helpers import tiny_config
+from helpers import tiny_config, train
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.build import build_loggers
-from project.training.run import train
 
 
 def test_saved_config_reproduces_the_run_bitwise(shared_tiny_data, tmp_path):
-    from project.config.cli import parse_run_config
+    from helpers import parse_run_config
 
     train(tiny_config(shared_tiny_data, tmp_path / "logs", max_epochs=2, hidden=[64, 32], seed=3,
                       optimizer="adamw", lr=0.003))

@@ -27,13 +27,14 @@ from helpers import (
     make_tiny_data,
     newest_last_checkpoint,
     tiny_config,
+    tiny_recipe,
+    train,
 )
 from project.errors import UserError
 from project.hardware.devices import expected_world_size
 from project.reliability.checkpointing import read_checkpoint
 from project.reliability.resume import checkpoint_to_resume
 from project.training.plan import planned_steps
-from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 SINGLE_EPOCHS = 10  # 200 steps
@@ -233,9 +234,10 @@ def test_resuming_with_another_world_size_is_refused(uninterrupted_ddp, tmp_path
     config = tiny_config(uninterrupted_ddp["data"], tmp_path / "logs", max_epochs=4, resume=str(path))
     with pytest.raises(UserError, match="the checkpoint was written by 2 process\\(es\\), this run has 1; .* resume "
                                         "with the same --devices and --num-nodes"):
-        checkpoint_to_resume(config, planned_steps(config, 640, 1), 1)
+        checkpoint_to_resume(config, tiny_recipe(), planned_steps(config, 640, 1), 1)
     # Two machines of one process each are the same two ranks: the world size counts nodes too.
     two_nodes = config.replace(devices=1, num_nodes=2, accelerator="cpu")
     assert expected_world_size(two_nodes) == 2
-    resumed = checkpoint_to_resume(two_nodes, planned_steps(two_nodes, 640, 2), expected_world_size(two_nodes))
+    resumed = checkpoint_to_resume(two_nodes, tiny_recipe(), planned_steps(two_nodes, 640, 2),
+                                   expected_world_size(two_nodes))
     assert resumed.global_step == uninterrupted_ddp["last"]["global_step"]

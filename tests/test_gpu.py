@@ -9,9 +9,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, make_tiny_data, run_script, summary_value, tiny_config, tiny_run
+from helpers import assert_same_training_state, make_tiny_data, run_script, summary_value, tiny_config, tiny_run, train
+from project.hardware.cuda_graphs import StepMode
 from project.training.callbacks import RunsFirst
-from project.training.run import train
 from tests.tiny_recipe.data import TinyDataModule
 from tests.tiny_recipe.model import LitTiny
 
@@ -115,7 +115,7 @@ def test_training_steps_never_wait_for_the_host_between_logging_steps(tiny_data,
         torch.cuda.set_sync_debug_mode(syncs.previous)
     assert torch.cuda.get_sync_debug_mode() == syncs.previous
     assert result.optimizer_steps == 8 * 25  # 200 images / 8
-    assert result.step_mode == ("graphs" if cuda_graphs else "off"), result.step_mode_reason
+    assert result.steps.mode is (StepMode.GRAPHS if cuda_graphs else StepMode.OFF), result.steps.mode_reason
     assert syncs.checked_steps > 0  # some Lightning steps ran under "error": none of them synced
 
 
@@ -138,7 +138,7 @@ def test_cuda_graphs_train_like_eager_execution(tiny_data, tmp_path, optimizer, 
                 "lr": 0.2 if optimizer == "sgd" else 0.01}
     graphed, b = checkpoints(tiny_data, tmp_path / "graphed", **settings)
     eager, a = checkpoints(tiny_data, tmp_path / "eager", cuda_graphs=False, **settings)
-    assert graphed.step_mode == "graphs" and eager.step_mode == "off"
+    assert graphed.steps.mode is StepMode.GRAPHS and eager.steps.mode is StepMode.OFF
     assert "CUDA graphs on (each optimizer step replayed from one capture)" in graphed.summary()
     assert a["global_step"] == b["global_step"] == 3 * 7
     tolerance = 1e-2 if precision == "bf16-mixed" else 1e-4
@@ -152,7 +152,7 @@ def test_a_captured_run_resumes_mid_epoch_bitwise(tiny_data, tmp_path):
     _, uninterrupted = checkpoints(tiny_data, tmp_path / "full")
     middle = tmp_path / "full" / "every5" / "step=10.ckpt"  # epoch 1, 3 steps into it (7 steps per epoch)
     resumed_run, resumed = checkpoints(tiny_data, tmp_path / "resumed", resume=str(middle))
-    assert resumed_run.step_mode == "graphs"
+    assert resumed_run.steps.mode is StepMode.GRAPHS
     assert_same_training_state(uninterrupted, resumed)
 
 
@@ -172,7 +172,7 @@ def test_16_mixed_captured_skips_the_steps_that_overflow_as_eager_does(tiny_data
         state = torch.load(result.last_checkpoint, weights_only=True)
         scales.append(state["MixedPrecision"]["scale"])
         weights.append(state["state_dict"])
-        assert result.step_mode == ("graphs" if graphs else "off")
+        assert result.steps.mode is (StepMode.GRAPHS if graphs else StepMode.OFF)
     assert scales[0] == scales[1] < 2.0**24  # the same steps skipped, the same backoffs
     for key in weights[0]:
         assert bool(torch.isfinite(weights[0][key]).all())
@@ -189,10 +189,10 @@ def test_a_network_that_cannot_be_captured_trains_eagerly_with_one_line(tiny_dat
 
     monkeypatch.setattr(MLP, "forward", syncing)
     result = train(tiny_config(tiny_data, tmp_path / "logs", **GRAPHED))
-    assert result.step_mode == "off" and result.step_mode_reason
-    assert f"CUDA graphs off ({result.step_mode_reason})" in result.summary()
+    assert result.steps.mode is StepMode.OFF and result.steps.mode_reason
+    assert f"CUDA graphs off ({result.steps.mode_reason})" in result.summary()
     lines = [line for line in capfd.readouterr().err.splitlines() if "CUDA graphs off" in line]
-    assert lines == [f"train.py: CUDA graphs off ({result.step_mode_reason}); the same steps run eagerly"]
+    assert lines == [f"train.py: CUDA graphs off ({result.steps.mode_reason}); the same steps run eagerly"]
     assert result.optimizer_steps == 3 * 7 and result.test_metrics["test/acc"] > 0.3
 
 

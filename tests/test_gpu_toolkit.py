@@ -6,12 +6,11 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import RUN_STARTED, event_accumulator, one_line_error, run_script, tiny_config, tiny_run
+from helpers import RUN_STARTED, event_accumulator, one_line_error, run_script, tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import NonFiniteLossError, UsageError
 from project.hardware.devices import resolve_hardware
 from project.hardware.gpu_info import collect
-from project.training.run import train
 from project.training.tuning import pick_lr
 
 NO_CUDA = not torch.cuda.is_available()

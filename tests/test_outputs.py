@@ -91,7 +91,7 @@ def test_a_sweep_on_a_url_with_passwords_writes_none_anywhere(postgres, shared_t
 def test_a_run_started_from_a_command_with_credentials_writes_none(shared_tiny_data, tmp_path, monkeypatch):
     """An in-process run (a sweep's trial) whose command line holds every form: its TEXT tab, HPARAMS, run.json,
     config.yaml, results.json and checkpoints hold none of them."""
-    from project.training.run import train
+    from helpers import train
 
     monkeypatch.setattr(sys, "argv", ["sweep.py", *(part for given, _ in FORMS for part in ("--storage", given))])
     result = train(tiny_config(shared_tiny_data, tmp_path, max_epochs=1, accelerator="cpu"))

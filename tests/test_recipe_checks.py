@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import event_accumulator, make_tiny_data, run_script, tiny_config
+from helpers import event_accumulator, make_tiny_data, run_script, tiny_config, tiny_recipe, train
 from project.errors import UsageError
 from project.training.data_card import DataCard, shared_inputs
 from project.training.recipe_checks import check_recipe
-from project.training.run import train
 
 
 def card(**changes) -> DataCard:
@@ -81,7 +80,8 @@ def test_shared_inputs_are_counted_bit_for_bit():
 
 
 def test_the_engines_recipe_passes_every_check(tmp_path):
-    findings = check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3))
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3)
+    findings = check_recipe(config, tiny_recipe())
     assert [f.check for f in findings] == ["inputs", "augment", "labels", "outputs", "statistics", "leakage",
                                            "eval determinism", "fits one batch", "learns"]
     assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)

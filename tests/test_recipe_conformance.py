@@ -28,16 +28,18 @@ INSTALLED = {"PROJECT_RECIPE": "project.recipe"}
 RUN = ("--val-size", "0.2", "--batch-size", "32", "--max-epochs", "3", "--log-every-n-steps", "4",
        "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
 # Run on the installed recipe: its example data; its test split as image files (PNG, as a user's would be).
-WRITE_EXAMPLE = ("import sys, pathlib; from project.contract import recipe; "
-                 "recipe().write_example_data(pathlib.Path(sys.argv[1]))")
+WRITE_EXAMPLE = ("import sys, pathlib; from project.contract import installed_recipe; "
+                 "installed_recipe().write_example_data(pathlib.Path(sys.argv[1]))")
 WRITE_TEST_IMAGES = """
 import json, sys
 from pathlib import Path
 import torch
 from PIL import Image
 from project.config.schema import RunConfig
+from project.contract import installed_recipe
 from project.training.build import build_datamodule
-data = build_datamodule(RunConfig(data_dir=sys.argv[1]))
+recipe = installed_recipe()
+data = build_datamodule(RunConfig.for_recipe(recipe, data_dir=sys.argv[1]), recipe)
 data.setup("test")
 out = Path(sys.argv[2])
 out.mkdir(parents=True)
@@ -133,7 +135,8 @@ def test_predict_on_the_test_set_as_image_files_agrees_with_evaluate(installed):
 
 
 def test_the_exported_program_loads_and_classifies(installed):
-    check = ("import sys, torch; from project.contract import recipe; data = recipe().datamodule_class(); "
+    check = ("import sys, torch; from project.contract import installed_recipe; "
+             "data = installed_recipe().datamodule_class(); "
              "out = torch.export.load(sys.argv[1]).module()(torch.rand(3, *data.input_shape)); "
              "assert out.shape == (3, data.num_classes) and out.isfinite().all(), out")
     on_installed(check, str(installed["root"] / "model.pt2"))
@@ -141,7 +144,7 @@ def test_the_exported_program_loads_and_classifies(installed):
 
 
 def test_the_recipes_presets_and_sweep_space_are_its_own():
-    listing = ("import json; from project.contract import recipe; r = recipe(); "
+    listing = ("import json; from project.contract import installed_recipe; r = installed_recipe(); "
                "print(json.dumps([sorted(r.presets()), (r.folder / 'sweep.yaml').is_file()]))")
     done = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, **INSTALLED, "PYTHONPATH": str(ROOT)})
@@ -150,5 +153,5 @@ def test_the_recipes_presets_and_sweep_space_are_its_own():
     for preset in presets:  # each names only settings and options this recipe has
         script("train.py", "--config", preset, "--print-config")
     if has_space:
-        on_installed("from project.contract import recipe; from project.sweeps.study import load_space; "
-                     "load_space(str(recipe().folder / 'sweep.yaml'))")
+        on_installed("from project.contract import installed_recipe; from project.sweeps.study import load_space; "
+                     "r = installed_recipe(); load_space(str(r.folder / 'sweep.yaml'), r)")

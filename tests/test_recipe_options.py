@@ -9,12 +9,11 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import tiny_config, tiny_run
+from helpers import tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
 from project.training.classifier import WarmupCosine, default_warmup
 from project.training.plan import planned_steps, train_batches
-from project.training.run import train
 
 STEPS_PER_EPOCH = 7  # 200 tiny training images in batches of 32
 
@@ -42,7 +41,7 @@ def test_cosine_warms_up_linearly_then_decays_to_zero() -> None:
 
 def test_warmup_steps_only_with_cosine() -> None:
     with pytest.raises(UsageError, match="--warmup-steps applies to --scheduler cosine, not onecycle"):
-        RunConfig(warmup_steps=5)
+        RunConfig(warmup_steps=5, scheduler="onecycle")
 
 
 def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_data: Path, tmp_path: Path) -> None:

@@ -16,13 +16,14 @@ from helpers import (
     one_line_error,
     run_script,
     tiny_config,
+    tiny_recipe,
+    train,
 )
 from project.errors import CheckpointError, DataError, UsageError, run_cli
 from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.reliability.resume import checkpoint_to_resume
 from project.reliability.run_files import check_outputs_writable
 from project.results.evaluation import load_classifier
-from project.training.run import train
 
 
 def test_debug_shows_the_traceback_of_a_user_error(capsys):
@@ -68,14 +69,15 @@ def test_bad_checkpoints_and_weights_get_one_line(trained, tmp_path):
         with pytest.raises(CheckpointError, match=expected[name]):
             read_checkpoint(path)
         with pytest.raises(CheckpointError):  # a state_dict of tensors ("foreign") reads, but fits no network
-            load_classifier(weights=str(path))
+            load_classifier(tiny_recipe(), weights=str(path))
         with pytest.raises(CheckpointError, match=expected[name]):  # --resume reads it before training
-            checkpoint_to_resume(tiny_config(trained["data"], tmp_path / "logs", hidden=[2], resume=str(path)))
+            config = tiny_config(trained["data"], tmp_path / "logs", hidden=[2], resume=str(path))
+            checkpoint_to_resume(config, tiny_recipe())
     with pytest.raises(CheckpointError, match="not an exported model.pth"):
         read_weights(good)  # a .ckpt is not a model.pth
     assert read_weights(trained["run"] / "model.pth")["layers.0.weight"].shape == (2, 784)
     with pytest.raises(CheckpointError, match="not an exported model.pth"):
-        load_classifier(weights=str(bad["foreign"]))  # tensors, but not the recipe's MLP
+        load_classifier(tiny_recipe(), weights=str(bad["foreign"]))  # tensors, but not the recipe's MLP
     with pytest.raises(CheckpointError, match=f"{bad['truncated']}: corrupt or not a PyTorch file"):
         train(tiny_config(trained["data"], tmp_path / "logs", resume=str(bad["truncated"])))
     assert not (tmp_path / "logs" / "tiny").exists()  # refused before a run folder was made

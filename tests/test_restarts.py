@@ -25,9 +25,9 @@ from helpers import (
     fill_file_system,
     make_tiny_data,
     tiny_config,
+    train,
 )
 from project.errors import NothingToDo, UserError
-from project.training.run import train
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 # 640 training images in batches of 32: 20 steps an epoch; 40 validation images in batches of 8 (5 batches),
@@ -315,7 +315,7 @@ def test_a_full_disk_during_the_export_loses_no_test_metric(data, small_disk, re
 
 
 def test_bad_config_files_and_seeds_are_one_line(tmp_path, capsys):
-    from project.config.cli import parse_run_config
+    from helpers import parse_run_config
     from project.errors import UsageError
 
     utf16 = tmp_path / "utf16.yaml"

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_data, tiny_config
+from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_data, tiny_config, train
 from project.reliability.checkpointing import read_checkpoint
-from project.training.run import train
 
 pytestmark = pytest.mark.slow
 SBATCH = str(ROOT / "slurm" / "train.sbatch")

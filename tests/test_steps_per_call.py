@@ -5,13 +5,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, event_accumulator, make_tiny_data, tiny_config
+from helpers import assert_same_training_state, event_accumulator, make_tiny_data, tiny_config, tiny_recipe, train
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.build import build_model
-from project.training.run import train
 from project.training.samplers import EpochShuffleSampler, StepGroups, group_ends_at
-from project.training.steps_per_call import choose_steps_per_call
+from project.training.steps_per_call import StepsPerCall, choose_steps_per_call
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +120,17 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
                              ({"fast_dev_run": True}, "--fast-dev-run"), ({"find_lr": True}, "tuners"),
                              ({"strategy": "fsdp"}, "--strategy fsdp wraps the model's forward"),
                              ({"strategy": "deepspeed_stage_2"}, "--strategy deepspeed_stage_2 wraps")]:
-        k, why = choose_steps_per_call(RunConfig(**settings), 1, cpu)
-        assert k == 1 and reason in why
+        chosen = choose_steps_per_call(RunConfig(**settings), 1, cpu)
+        assert chosen.k == 1 and chosen.auto and reason in chosen.why
         with pytest.raises(UsageError, match=r"--steps-per-call 8: not possible here"):
             choose_steps_per_call(RunConfig(steps_per_call=8, **settings), 1, cpu)
-    k, why = choose_steps_per_call(RunConfig(devices=2, accelerator="cpu"), 2, cpu)
-    assert k == 1 and "DDP" in why
-    assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == (1, "as asked")
+    chosen = choose_steps_per_call(RunConfig(devices=2, accelerator="cpu"), 2, cpu)
+    assert chosen.k == 1 and "DDP" in chosen.why and chosen.describe().startswith("auto: DDP")
+    assert choose_steps_per_call(RunConfig(steps_per_call=1), 2, cpu) == StepsPerCall(1, "as asked")
     # Lightning's own defaults, given explicitly, count nothing: all the batches (1.0), no step limit.
     defaults = {"limit_train_batches": 1.0, "max_steps": -1, "accumulate_grad_batches": 1}
-    assert choose_steps_per_call(RunConfig(steps_per_call=8, trainer=defaults), 1, cpu) == (8, "as asked")
+    asked = choose_steps_per_call(RunConfig(steps_per_call=8, trainer=defaults), 1, cpu)
+    assert asked == StepsPerCall(8, "as asked")
     with pytest.raises(UsageError, match=r"--trainer.limit_train_batches counts Lightning steps"):
         choose_steps_per_call(RunConfig(steps_per_call=8, trainer={"limit_train_batches": 1}), 1, cpu)  # one batch
 
@@ -166,9 +166,13 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
     from tests.tiny_recipe.model import LitTiny
 
     config = tiny_config(shared_tiny_data, Path("unused"), batch_size=16)
-    datamodule = build_datamodule(config)
+    datamodule = build_datamodule(config, tiny_recipe())
     datamodule.setup("fit")
     seen, calls = [], []
+
+    def new_model(config):
+        return build_model(config, tiny_recipe())
+
     real_batch_loss = LitTiny.batch_loss
 
     def batch_loss(module, batch):
@@ -179,15 +183,16 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
         return real_batch_loss(module, batch)
 
     monkeypatch.setattr(LitTiny, "batch_loss", batch_loss)
-    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), build_model, budget_s=0.2)
+    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2)
     assert quick < 0.02 and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
     monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
         module, batch))[1])
-    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), build_model, budget_s=0.2)
+    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2)
     assert slow >= 0.05
-    k, why = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule,
-                                   build_model)
-    assert k == 1 and "a step's math takes" in why  # 50 ms of math: Lightning's 1 ms is 2 % of it, not worth grouping
+    chosen = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule,
+                                   new_model)
+    # 50 ms of math: Lightning's 1 ms is 2 % of it, not worth grouping
+    assert chosen.k == 1 and "a step's math takes" in chosen.why
 
 
 class BarSeen(L.Callback):

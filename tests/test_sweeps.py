@@ -15,11 +15,10 @@ import optuna
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import ROOT, tiny_recipe, train
 from project.errors import UsageError, UserError
 from project.sweeps.storage import open_storage
 from project.sweeps.study import Objective, grid, load_space, open_study, prepare
-from project.training.run import train
 
 SWEEP = str(ROOT / "scripts" / "sweep.py")
 TrialState = optuna.trial.TrialState
@@ -65,11 +64,12 @@ def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_data, tmp_path):
     storage = str(tmp_path / "study.journal")
     logdir = tmp_path / "logs"
     # The first 4 trials in this process (the objective sweep.py runs), the rest by sweep.py itself.
-    fixed, params = load_space(space)
+    fixed, params = load_space(space, tiny_recipe())
     folder = logdir / "sweeps" / "tiny-sweep"
     base = {"data_dir": str(tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
-    open_study("tiny-sweep", storage, "median", 0).optimize(Objective(fixed, params, base, folder), n_trials=4)
+    objective = Objective(tiny_recipe(), fixed, params, base, folder)
+    open_study("tiny-sweep", storage, "median", 0).optimize(objective, n_trials=4)
     before = {t.number: (t.params, t.state, t.value) for t in load(storage).trials}
     assert len(before) == 4
 
@@ -92,7 +92,7 @@ def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_data, tmp_path):
     assert "| trial | val/acc |" in (folder / "best_trials.md").read_text()
     assert len(list((folder / "trials").iterdir())) == 8  # every trial logged to TensorBoard
     assert "| trial | val/acc |" in outputs[0][0] + outputs[1][0]
-    from project.config.cli import parse_run_config
+    from helpers import parse_run_config
 
     best_run = train(parse_run_config(["--config", str(folder / "best.yaml"), "--data-dir", str(tiny_data),
                                        "--logdir", str(tmp_path / "best-run"), "--val-size", "40"]))
@@ -201,7 +201,7 @@ def sweep_args(monkeypatch, *argv: str):
     from project.config.cli import parse_sweep_args
 
     monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
-    return parse_sweep_args(None)
+    return parse_sweep_args(tiny_recipe(), None)
 
 
 MISTAKES = [
@@ -232,7 +232,7 @@ def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, t
     args = sweep_args(monkeypatch, "--space", str(tmp_path / "space.yaml"), "--storage", journal, "--data-dir",
                       str(shared_tiny_data), "--logdir", str(tmp_path / "logs"), *argv)
     with pytest.raises(UserError) as err:
-        prepare(args)
+        prepare(tiny_recipe(), args)
     assert message in str(err.value) and "\n" not in str(err.value) and "secret" not in str(err.value)
     assert load(journal).trials == []
     assert not (tmp_path / "logs").exists()
@@ -252,12 +252,12 @@ def test_trials_share_no_steps_per_call_plan(shared_tiny_data, tmp_path):
     """A trial with K = 1 after one with K = 4 on the same in-memory data (this crashed mid-study)."""
     path = write_space(tmp_path, "fixed:\n  max_epochs: 1\n  batch_size: 32\n"
                                  "params:\n  steps_per_call: {type: categorical, choices: [4, 1]}\n")
-    fixed, params = load_space(path)
+    fixed, params = load_space(path, tiny_recipe())
     folder = tmp_path / "logs"
     base = {"data_dir": str(shared_tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
     study = open_study("plan", str(tmp_path / "s.journal"), "none", 0, "grid", params)
-    study.optimize(Objective(fixed, params, base, folder), n_trials=2)
+    study.optimize(Objective(tiny_recipe(), fixed, params, base, folder), n_trials=2)
     assert sorted(t.params["steps_per_call"] for t in study.trials) == [1, 4]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     values = [t.value for t in sorted(study.trials, key=lambda t: t.params["steps_per_call"])]
@@ -290,7 +290,7 @@ def test_bad_search_spaces_name_the_key(tmp_path, space, message):
     path = tmp_path / "space.yaml"
     path.write_text(space)
     with pytest.raises(UsageError) as err:
-        load_space(path)
+        load_space(path, tiny_recipe())
     assert message in str(err.value) and str(path) in str(err.value)
 
 
@@ -332,13 +332,13 @@ def test_grid_values_come_from_choices_or_steps():
 def test_fast_dev_run_smoke_tests_a_sweep(tiny_data, tmp_path):
     path = write_space(tmp_path, "fixed:\n  fast_dev_run: true\n"
                                  "params:\n  lr: {type: categorical, choices: [0.2, 0.05]}\n")
-    fixed, params = load_space(path)
+    fixed, params = load_space(path, tiny_recipe())
     assert fixed == {"fast_dev_run": True}
     folder = tmp_path / "logs" / "sweeps" / "smoke"
     base = {"data_dir": str(tiny_data), "val_size": 40, "logdir": str(folder), "name": "trials",
             "trainer": {"enable_progress_bar": False}}
     study = open_study("smoke", str(tmp_path / "study.journal"), "none", 0, "grid", params)
-    study.optimize(Objective(fixed, params, base, folder), n_trials=5)
+    study.optimize(Objective(tiny_recipe(), fixed, params, base, folder), n_trials=5)
     assert sorted(t.params["lr"] for t in study.trials) == [0.05, 0.2]  # the grid, once each
     assert all(t.state == TrialState.COMPLETE and 0 <= t.value <= 1 for t in study.trials)
 
@@ -358,18 +358,20 @@ def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_
     journal = tmp_path / "study.journal"
     common = ("--storage", str(journal), "--data-dir", str(shared_tiny_data), "--logdir", str(tmp_path / "logs"),
               "--val-size", "40")
-    study, _, objective = prepare(sweep_args(monkeypatch, "--space", str(space), *common))
+    study, _, objective = prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(space), *common))
     study.optimize(objective, n_trials=1)
     other = tmp_path / "other.yaml"
     other.write_text("fixed:\n  max_epochs: 1\nparams:\n  momentum: {type: float, low: 0.5, high: 0.9}\n")
     with pytest.raises(UsageError, match="its trials searched lr; this space searches momentum: choose another"):
-        prepare(sweep_args(monkeypatch, "--space", str(other), *common))
+        prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(other), *common))
     with pytest.raises(UsageError, match="trials of another study of this name .*trial_000"):
-        prepare(sweep_args(monkeypatch, "--space", str(space), *common[2:], "--storage", str(tmp_path / "new.journal")))
+        elsewhere = sweep_args(monkeypatch, "--space", str(space), *common[2:], "--storage",
+                               str(tmp_path / "new.journal"))
+        prepare(tiny_recipe(), elsewhere)
     lines = journal.read_text().splitlines(keepends=True)
     journal.write_text("".join([*lines[:2], "garbage{{\n", *lines[2:]]))  # a line something else wrote
     with pytest.raises(UsageError, match="cannot read the study from it"):
-        prepare(sweep_args(monkeypatch, "--space", str(space), *common))
+        prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(space), *common))
 
 
 def test_a_storage_that_stops_answering_mid_sweep_is_one_line(monkeypatch, tmp_path):

@@ -18,11 +18,10 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import tiny_config
+from helpers import tiny_config, train
 from project.training import build
 from project.training.callbacks import FiniteLossGuard, RunsFirst
 from project.training.classifier import ClassifierModule
-from project.training.run import train
 
 CONVERSIONS = ("item", "__float__", "__int__", "__bool__", "tolist", "__index__", "numpy", "cpu", "nonzero")
 # Tensors that stay on the host in every run: a DataLoader iterator draws its base seed from a CPU generator.

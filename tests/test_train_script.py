@@ -8,10 +8,9 @@ import pytest
 import torch
 import yaml
 
-from helpers import event_accumulator, summary_value, tiny_config, tiny_run
+from helpers import event_accumulator, summary_value, tiny_config, tiny_recipe, tiny_run, train
 from project.errors import UserError
 from project.reliability.resume import checkpoint_to_resume
-from project.training.run import train
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc"}
 
@@ -76,8 +75,8 @@ def test_resume_continues_in_its_folder_and_refuses_another_model(trained, tmp_p
     with pytest.raises(UserError, match=r"^--hidden 64: the checkpoint's run trained with --hidden 2, and a resume "
                                         r"continues that run; resume with --hidden 2, or start a new run from its "
                                         r"weights with --init-from "):
-        checkpoint_to_resume(config.replace(hidden=[64]))
-    assert checkpoint_to_resume(config.replace(resume="last")).path == run / "checkpoints" / "last.ckpt"
+        checkpoint_to_resume(config.replace(hidden=[64]), tiny_recipe())
+    assert checkpoint_to_resume(config.replace(resume="last"), tiny_recipe()).path == run / "checkpoints" / "last.ckpt"
 
 
 def test_trainer_pass_through_reaches_the_trainer_and_config_yaml(tiny_data, tmp_path):

@@ -24,8 +24,10 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
-from project import EVAL_BATCH_SIZE
+from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
+from project.contract import Recipe
+from project.hardware.cuda_graphs import StepMode
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, RunsFirst
 from project.training.classifier import optimizer_and_schedule
@@ -143,6 +145,7 @@ class DataWait(Callback):
 class BenchData:
     """The samples every row trains on and is tested on, and the recipe's network and loss to train."""
 
+    recipe: Recipe
     config: RunConfig
     train: TensorPairs  # normalised, as the template trains
     test: TensorPairs
@@ -153,7 +156,7 @@ class BenchData:
     def network(self) -> tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
         """The recipe's network, freshly initialised from seed 0, and its loss."""
         torch.manual_seed(0)
-        module = build_model(self.config)
+        module = build_model(self.config, self.recipe)
         return module.model, module.loss
 
     def steps(self, epochs: int, batch_size: int) -> int:
@@ -167,15 +170,16 @@ class BenchData:
                                       c.scheduler, c.warmup_steps, total_steps, device)
 
 
-def bench_data(args: argparse.Namespace, device: torch.device) -> BenchData:
+def bench_data(recipe: Recipe, args: argparse.Namespace, device: torch.device) -> BenchData:
     """The recipe's training split (its first ``--limit`` samples) and test set, loaded once; per-sample data is read
     by the run's (or ``--num-workers``) DataLoader workers into pinned memory on a GPU."""
     workers = {} if args.num_workers is None else {"num_workers": args.num_workers}
-    config = RunConfig(data_dir=args.data_dir, batch_size=args.batch_size, accelerator=args.accelerator,
-                       precision=args.precision, pin_memory=device.type == "cuda", **workers)
+    config = RunConfig.for_recipe(recipe, data_dir=args.data_dir, batch_size=args.batch_size,
+                                  accelerator=args.accelerator, precision=args.precision,
+                                  pin_memory=device.type == "cuda", **workers)
 
     def datamodule(per_sample: bool | None = None) -> TensorDataModule:
-        data = build_datamodule(config, per_sample)
+        data = build_datamodule(config, recipe, per_sample)
         data.setup("fit")
         data.setup("test")
         if args.limit:
@@ -196,9 +200,9 @@ def bench_data(args: argparse.Namespace, device: torch.device) -> BenchData:
         train, _ = split_indices(len(samples), data.validation_count(len(samples)), data.seed)
         per_sample = Subset(samples, train[:len(data.train_set)])
     if data.per_sample:  # the hand-written rows train on tensors: the samples read once, normalised
-        return BenchData(config, in_memory(data.train_set, data), in_memory(data.test_set, data), per_sample,
+        return BenchData(recipe, config, in_memory(data.train_set, data), in_memory(data.test_set, data), per_sample,
                          datamodule, reads_samples=True)
-    return BenchData(config, data.train_set, data.test_set, per_sample, datamodule)
+    return BenchData(recipe, config, data.train_set, data.test_set, per_sample, datamodule)
 
 
 def in_memory(split: Dataset, data: TensorDataModule) -> TensorPairs:
@@ -319,11 +323,11 @@ def hand_graphs(args: argparse.Namespace, device: torch.device, precision: str, 
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             lr, momentum = lrs.index_select(0, step.view(1)).view(()), momenta.index_select(0, step.view(1)).view(())
-            grads = torch._foreach_add(grads, params, alpha=wd)
-            torch._foreach_mul_(buffers, momentum)
-            torch._foreach_add_(buffers, grads)
-            update = torch._foreach_add(grads, torch._foreach_mul(buffers, momentum)) if nesterov else buffers
-            torch._foreach_sub_(params, torch._foreach_mul(update, lr))
+            grads = internals.foreach_add(grads, params, alpha=wd)
+            internals.foreach_mul_(buffers, momentum)
+            internals.foreach_add_(buffers, grads)
+            update = internals.foreach_add(grads, internals.foreach_mul(buffers, momentum)) if nesterov else buffers
+            internals.foreach_sub_(params, internals.foreach_mul(update, lr))
             step.add_(1)
 
     static = torch.zeros(args.batch_size, dtype=torch.long, device=device)
@@ -448,9 +452,9 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
         wait = DataWait()
         with counting_syncs(device, from_start=False) as caught:
             callbacks = [wait, SyncsInTrainingSteps()] if device.type == "cuda" else [wait]
-            result = train(config, datamodule=data.datamodule(per_sample), callbacks=callbacks)
+            result = train(config, data.recipe, datamodule=data.datamodule(per_sample), callbacks=callbacks)
     return {"epoch_times": result.epoch_times[1:], "warm_up_s": result.epoch_times[0],
             "wait_times": wait.epoch_waits[1:], "test_acc": float(result.test_metrics["test/acc"]),
             "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
-            "cuda_graphs": result.step_mode == "graphs",
+            "cuda_graphs": result.steps.mode is StepMode.GRAPHS,
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from project.benchmark import loops as bench_loops
-from project.config.schema import RECIPE
+from project.contract import Recipe
 from project.errors import UsageError, UserError
 from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
@@ -43,13 +43,13 @@ REFERENCES = {"vs_hand": ("hand", "vs hand-written"), "vs_hand_graphs": ("hand-g
               "vs_hand_samples": ("hand-samples", "vs hand per-sample")}
 
 
-def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Every row, each printed (stdout) and written to ``out`` as soon as it is measured; Lightning's banners of
     each row's Trainer are left out."""
     quiet_lightning_info()
     device = torch.device(available_accelerator(args.accelerator))
     precision = resolve_precision(args.precision, args.accelerator)
-    data = bench_loops.bench_data(args, device)
+    data = bench_loops.bench_data(recipe, args, device)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "article": lambda: bench_loops.hand_loop("article", args, device, precision, data),
         "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, data),
@@ -80,7 +80,7 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         raise UsageError(f"--only {unknown}: choose from {', '.join(k for k in runners if k not in missing)}{why}")
     results = {
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
-        "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": RECIPE.name,
+        "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": recipe.name,
         "steps_per_epoch": data.steps(1, args.batch_size),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "num_workers": data.config.num_workers,
         "references": [name for name, (key, _) in REFERENCES.items() if key in wanted], "rows": [],
@@ -142,7 +142,7 @@ def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]
         started = time.perf_counter()
         with subprocess.Popen([sys.executable, str(train_script), "--logdir", logdir], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
-            for line in process.stdout:
+            for line in process.stdout or ():
                 match = re.match(r"test/acc (\d\.\d+)", line)
                 if match and printed_at is None:
                     printed_at, accuracy = time.perf_counter() - started, float(match.group(1))

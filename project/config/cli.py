@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE, __version__
-from project.config.schema import ACCELERATORS, PRECISIONS, RECIPE, RunConfig, load_yaml, resolve_config_and_given
+from project.config.schema import (
+    ACCELERATORS,
+    PRECISIONS,
+    RunConfig,
+    load_yaml,
+    resolve_config_and_given,
+    settings_of,
+)
 from project.config.validators import (
     count_or_auto,
     flag,
@@ -23,6 +29,7 @@ from project.config.validators import (
     positive_int,
     size_or_share,
 )
+from project.contract import Recipe
 from project.errors import UsageError
 
 GROUPS = ("hardware", "recipe", "model", "data", "run")
@@ -53,37 +60,37 @@ def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def build_parser(prog: str = "train.py") -> OneLineParser:
-    """Flags named after ``RunConfig`` fields; defaults stay out of the namespace so a config file can set them."""
+def build_parser(recipe: Recipe, prog: str = "train.py") -> OneLineParser:
+    """Flags named after ``RunConfig`` fields and the recipe's options; defaults stay out of the namespace so a
+    config file can set them."""
     parser = OneLineParser(
-        prog=prog, description=RECIPE.description,
+        prog=prog, description=recipe.description,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    for name, spec in RunConfig.settings().items():
-        meta = spec.metadata
-        default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
-        whose = ", the recipe's" if name in RECIPE.defaults else ""
+    for name, spec in settings_of(recipe).items():
+        default = spec.default
+        whose = ", the recipe's" if name in recipe.defaults else ""
         shown = "" if default is None or default is False else f" (default: {_shown(default)}{whose})"
-        options: dict[str, Any] = {"help": (meta["help"] + shown).strip() or None}
-        if meta["check"] in (flag, flag_or_auto):
+        options: dict[str, Any] = {"help": (spec.help + shown).strip() or None}
+        if spec.check in (flag, flag_or_auto):
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options.update(type=argparse_type(meta["check"]), metavar=meta["metavar"] or name.upper())
-            if meta["const"] is not None:
-                options.update(nargs="?", const=meta["const"])
-        groups[meta["group"]].add_argument("--" + name.replace("_", "-"), **options)
-    presets = ", ".join(RECIPE.presets()) or "none"
+            options.update(type=argparse_type(spec.check), metavar=spec.metavar or name.upper())
+            if spec.const is not None:
+                options.update(nargs="?", const=spec.const)
+        groups[spec.group].add_argument("--" + name.replace("_", "-"), **options)
+    presets = ", ".join(recipe.presets()) or "none"
     groups["run"].add_argument("--config", metavar="FILE.yaml|PRESET",
                                help="read settings from a YAML file (keys: flag names), or one of the recipe's presets "
                                     f"({presets}); the command line overrides it")
     return parser
 
 
-def config_path(given: str) -> str:
+def config_path(given: str, recipe: Recipe) -> str:
     """``--config``'s file: a path, or the name of one of the recipe's presets (``configs/NAME.yaml`` in it)."""
-    presets = RECIPE.presets()
+    presets = recipe.presets()
     if given in presets and not Path(given).exists():
         return str(presets[given])
     if not Path(given).exists() and "/" not in given and not given.endswith((".yaml", ".yml")):
@@ -109,42 +116,37 @@ def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
             continue
         key, equals, value = token.removeprefix("--trainer.").partition("=")
         if not equals:
-            value = next(tokens, None)
-            if value is None or value.startswith("--"):
+            following = next(tokens, None)
+            if following is None or following.startswith("--"):
                 raise UsageError(f"--trainer.{key}: needs a value, e.g. --trainer.{key} VALUE")
+            value = following
         if not key:
             raise UsageError("--trainer.: name a Trainer argument, e.g. --trainer.accumulate_grad_batches 4")
         trainer[key] = parse_text(value)
     return rest, trainer
 
 
-def parse_run_config(argv: Sequence[str] | None = None, prog: str = "train.py") -> RunConfig:
-    """Defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``."""
-    return parse_run_command(argv, prog)[0]
-
-
-def parse_run_command(argv: Sequence[str] | None = None, prog: str = "train.py") -> tuple[RunConfig, frozenset[str]]:
-    """The run's ``RunConfig``, and the settings the command named (flags, config file keys): a resume takes the
-    others from the run it continues."""
-    parser = build_parser(prog)
+def parse_run_command(recipe: Recipe, argv: Sequence[str] | None = None,
+                      prog: str = "train.py") -> tuple[RunConfig, frozenset[str]]:
+    """The recipe's defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``, and the
+    settings the command named (flags, config file keys): a resume takes the others from the run it continues."""
+    parser = build_parser(recipe, prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         rest, trainer = split_trainer_args(argv)
         given = vars(parser.parse_args(rest))
-        layers: list[tuple[dict[str, Any], str]] = []
+        layers: list[tuple[Mapping[str, Any], str]] = []
         config_file = given.pop("config", None)
         if config_file:
-            layers.append((load_yaml(config_path(config_file), f"--config {config_file}"), f"--config {config_file}"))
+            layers.append((load_yaml(config_path(config_file, recipe), f"--config {config_file}"),
+                           f"--config {config_file}"))
         layers.append(({**given, "trainer": trainer}, ""))
-        return resolve_config_and_given(layers)
+        return resolve_config_and_given(layers, recipe)
     except UsageError as err:
         parser.error(str(err))
 
 
 # ---------------------------------------------------------------- the other scripts' command lines
-
-DATA_DIR_HELP = RECIPE.data_help
-
 
 def _tool_parser(prog: str, description: str | None) -> OneLineParser:
     parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,20 +154,20 @@ def _tool_parser(prog: str, description: str | None) -> OneLineParser:
     return parser
 
 
-def _model_source(parser: argparse.ArgumentParser) -> None:
+def _model_source(parser: argparse.ArgumentParser, recipe: Recipe) -> None:
     """Where evaluate.py and predict.py take their model from."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--ckpt", metavar="PATH|best|last", help="a checkpoint, or best/last of the newest run "
                         "(default: best)")
     source.add_argument("--weights", metavar="model.pth", help="an exported model.pth")
     parser.add_argument("--logdir", default="lightning_logs")
-    parser.add_argument("--name", default=RECIPE.name, type=argparse_type(folder_name))
+    parser.add_argument("--name", default=recipe.name, type=argparse_type(folder_name))
 
 
-def parse_evaluate_args(description: str | None) -> argparse.Namespace:
+def parse_evaluate_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("evaluate.py", description)
-    _model_source(parser)
-    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    _model_source(parser, recipe)
+    parser.add_argument("--data-dir", help=recipe.data_help)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="PNG", type=argparse_type(image_file),
                         help="also draw the confusion matrix to this file (.png, .pdf, .svg, .jpg)")
@@ -182,18 +184,18 @@ def parse_check_recipe_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def parse_predict_args(description: str | None) -> argparse.Namespace:
+def parse_predict_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("predict.py", description)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")
-    _model_source(parser)
+    _model_source(parser, recipe)
     parser.add_argument("--topk", type=argparse_type(positive_int), default=1, help="show the K most likely classes")
     parser.add_argument("--json", action="store_true", help="one JSON document with every result")
     return parser.parse_args()
 
 
-def parse_sweep_args(description: str | None) -> argparse.Namespace:
+def parse_sweep_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("sweep.py", description)
-    parser.add_argument("--space", default=str(RECIPE.folder / "sweep.yaml"),
+    parser.add_argument("--space", default=str(recipe.folder / "sweep.yaml"),
                         help="search space (YAML; default: the recipe's sweep.yaml)")
     parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20,
                         help="trials this command runs (shared out among its workers)")
@@ -207,13 +209,13 @@ def parse_sweep_args(description: str | None) -> argparse.Namespace:
                         help="seconds between a database trial's heartbeats; one silent for twice this is failed "
                              "and retried")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # started by a sweep: no report
-    parser.add_argument("--study-name", default=f"{RECIPE.name}-sweep", type=argparse_type(folder_name),
+    parser.add_argument("--study-name", default=f"{recipe.name}-sweep", type=argparse_type(folder_name),
                         help="the study (and its folder LOGDIR/sweeps/STUDY)")
     parser.add_argument("--pruner", default="median", choices=("median", "halving", "none"))
     parser.add_argument("--sampler", default="tpe", choices=SWEEP_SAMPLERS,
                         help="Optuna's TPE, random search, or a grid that runs each combination once")
     parser.add_argument("--sampler-seed", type=int, help="seed Optuna's sampler")
-    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
+    parser.add_argument("--data-dir", help=recipe.data_help)
     parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
     parser.add_argument("--val-size", type=argparse_type(size_or_share),
                         help="samples (or a share) held out for validation (default: the recipe's)")
@@ -221,7 +223,7 @@ def parse_sweep_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def parse_benchmark_args(description: str | None) -> argparse.Namespace:
+def parse_benchmark_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("benchmark.py", description)
     count = argparse_type(positive_int)
     parser.add_argument("--batch-size", type=count, default=64)
@@ -230,7 +232,7 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
     parser.add_argument("--precision", default="32", type=argparse_type(one_of(*PRECISIONS)))
     data = parser.add_mutually_exclusive_group()
-    data.add_argument("--data-dir", help=DATA_DIR_HELP)
+    data.add_argument("--data-dir", help=recipe.data_help)
     data.add_argument("--example-data", type=count, metavar="N", help="the recipe's example data instead: N "
                       "training samples (and N/4 test) written to a temporary folder")
     parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
@@ -245,10 +247,10 @@ def parse_benchmark_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def parse_runs_args(description: str | None) -> argparse.Namespace:
+def parse_runs_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("runs.py", description)
     parser.add_argument("--logdir", default="lightning_logs")
-    parser.add_argument("--name", default=RECIPE.name, type=argparse_type(folder_name))
+    parser.add_argument("--name", default=recipe.name, type=argparse_type(folder_name))
     return parser.parse_args()
 
 
@@ -261,7 +263,7 @@ def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
 
 def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
     parser = _tool_parser("plot_scalars.py", description)
-    parser.add_argument("run", help=f"a run folder, e.g. lightning_logs/{RECIPE.name}/version_0")
+    parser.add_argument("run", help="a run folder, e.g. lightning_logs/NAME/version_0")
     parser.add_argument("--out", default="scalars.png", type=argparse_type(image_file))
     parser.add_argument("--tags", default=",".join(default_tags), help="comma-separated scalar tags")
     return parser.parse_args()

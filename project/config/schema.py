@@ -1,8 +1,10 @@
 """The schema of a run: every setting with its default, check and help text, in one frozen dataclass.
 
 The command line, ``--config`` files, the saved ``config.yaml``, sweep trials and the benchmark
-all build a ``RunConfig``; nothing below the command line sees argparse. Imports nothing heavy,
-so ``--help`` stays instant.
+all build a ``RunConfig`` against a recipe (``resolve_config(layers, recipe)``): the recipe's
+defaults replace the engine's, and its options travel in ``RunConfig.options``, each checked by
+its ``Option``. Nothing below the command line sees argparse, and nothing here reads the
+environment. Imports nothing heavy, so ``--help`` stays instant.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from project.config.validators import (
     text,
     top_k,
 )
-from project.contract import recipe
+from project.contract import Recipe, RecipeError
 from project.errors import UsageError, not_a_regular_file
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
@@ -56,14 +58,26 @@ def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: st
     return field(default=default, metadata=metadata)
 
 
-RECIPE = recipe()
-# The batch the default --lr is tuned for; --scale-lr scales from it.
-BASE_BATCH = int(RECIPE.defaults.get("batch_size", 64))
+@dataclass(frozen=True)
+class Setting:
+    """What a flag, a config key and a sweep parameter share: its default, check, help and command-line shape."""
+
+    default: Any
+    check: Callable[[Any], Any]
+    help: str
+    group: str
+    const: Any = None
+    saved: bool = True
+    metavar: str | None = None
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """The engine's settings of a run; ``RunConfig`` adds the recipe's own options to them."""
+class RunConfig:
+    """Everything that defines one training run: the engine's settings and, in ``options``, the recipe's own.
+
+    Field names are the flags (``max_epochs`` = ``--max-epochs``). Built by ``resolve_config`` (or
+    ``RunConfig.for_recipe``), which applies the recipe's defaults; ``RunConfig()`` holds the engine's.
+    """
 
     # hardware
     accelerator: str = setting("auto", one_of(*ACCELERATORS), "auto, cpu, gpu/cuda, mps", "hardware")
@@ -98,7 +112,8 @@ class EngineSettings:
                              "per optimizer step", "recipe")
     warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
                                        "of the run's steps)", "recipe", metavar="N")
-    scale_lr: bool = setting(False, flag, f"linear scaling rule: lr x global batch / {BASE_BATCH}", "recipe")
+    scale_lr: bool = setting(False, flag, "linear scaling rule: lr x global batch / the default --batch-size",
+                             "recipe")
     find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
     early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "
@@ -106,7 +121,7 @@ class EngineSettings:
     seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe")
     deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
     # data
-    data_dir: str | None = setting(None, optional(text), RECIPE.data_help, "data")
+    data_dir: str | None = setting(None, optional(text), "the recipe's data", "data")
     val_size: int | float | None = setting(None, optional(size_or_share), "samples of the training set held out for "
                                            "validation, or a share (0.1) (default: the recipe's)", "data",
                                            metavar="N|SHARE")
@@ -118,7 +133,7 @@ class EngineSettings:
     logdir: str = setting("lightning_logs", text, "runs go to LOGDIR/NAME/version_N")
     logger: str = setting("tensorboard", names_from(*LOGGERS), "tensorboard, csv, wandb, mlflow; several: "
                           "tensorboard,csv")
-    name: str = setting(RECIPE.name, folder_name, "experiment name (the folder LOGDIR/NAME)")
+    name: str = setting("run", folder_name, "experiment name (the folder LOGDIR/NAME)")
     run_version: str | None = setting(None, optional(folder_name), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
@@ -139,8 +154,10 @@ class EngineSettings:
     debug: bool = setting(False, flag, "show tracebacks for errors", saved=False)
     print_config: bool = setting(False, flag, "print the resolved settings as a config file would hold them, and "
                                  "exit without training", saved=False)
+    # The recipe's options (its Option values by name): config.yaml holds them beside the engine's settings.
+    options: dict[str, Any] = field(default_factory=dict)
     # Any other lightning.Trainer argument (--trainer.KEY VALUE), checked against its signature.
-    trainer: dict[str, Any] = field(default_factory=dict, metadata={"saved": True})
+    trainer: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fast_dev_run and self.resume:
@@ -151,23 +168,28 @@ class EngineSettings:
             raise UsageError(f"--warmup-steps applies to --scheduler cosine, not {self.scheduler}")
 
     @classmethod
-    def settings(cls) -> dict[str, dataclasses.Field]:
-        """The fields a flag, a config file or a sweep may set."""
-        return {f.name: f for f in dataclasses.fields(cls) if "check" in f.metadata}
-
-    @classmethod
-    def check_value(cls, key: str, value: Any) -> Any:
-        """One setting's value, typed and checked; ValueError names what is wrong."""
-        return cls.settings()[key].metadata["check"](value)
+    def for_recipe(cls, recipe: Recipe, **settings: Any) -> RunConfig:
+        """A run of ``recipe``: its defaults, then ``settings`` (engine settings and options by name), checked."""
+        return resolve_config([(settings, "")], recipe)
 
     def to_mapping(self) -> dict[str, Any]:
-        """What ``config.yaml`` holds: every setting that defines the run, not this invocation's extras."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("saved", True)}
-        if not values["trainer"]:
-            del values["trainer"]
+        """What ``config.yaml`` holds: every setting that defines the run (the options beside the engine's), not
+        this invocation's extras."""
+        values = {name: getattr(self, name) for name, spec in ENGINE_SETTINGS.items() if spec.saved}
+        values.update(self.options)
+        if self.trainer:
+            values["trainer"] = self.trainer
         return values
 
-    def replace(self, **changes: Any) -> Any:
+    def value(self, name: str) -> Any:
+        """A setting or an option, by name."""
+        return self.options[name] if name in self.options else getattr(self, name)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with ``changes``: engine settings and the recipe's options by name."""
+        options = {name: changes.pop(name) for name in list(changes) if name in self.options}
+        if options:
+            changes["options"] = {**self.options, **options}
         return dataclasses.replace(self, **changes)
 
     @property
@@ -175,31 +197,30 @@ class EngineSettings:
         return self.find_batch_size or self.find_lr
 
 
-def _recipe_default(name: str, value: Any) -> tuple[str, Any, Any]:
-    """An engine setting's field with the recipe's default in place of the engine's (one line if it is not one)."""
-    spec = EngineSettings.settings().get(name)
-    if spec is None or not spec.metadata["saved"] or spec.metadata["group"] == "hardware" or name == "name":
-        raise SystemExit(f"error: recipe {RECIPE.name!r}: defaults: {name!r} is not an engine setting a recipe sets "
-                         "(e.g. batch_size, max_epochs, optimizer, lr, scheduler, val_size)")
-    meta = spec.metadata
-    try:
-        value = meta["check"](value)
-    except ValueError as err:
-        raise SystemExit(f"error: recipe {RECIPE.name!r}: defaults: {name}: {err}") from None
-    return name, spec.type, setting(value, meta["check"], meta["help"], meta["group"], const=meta["const"],
-                                    metavar=meta["metavar"])
+ENGINE_SETTINGS = {f.name: Setting(f.default if f.default_factory is dataclasses.MISSING else f.default_factory(),
+                                   **f.metadata) for f in dataclasses.fields(RunConfig) if "check" in f.metadata}
 
 
-RunConfig = dataclasses.make_dataclass(
-    "RunConfig",
-    [*(_recipe_default(name, value) for name, value in RECIPE.defaults.items()),
-     *((name, Any, setting(option.default, option.check, option.help, "model", metavar=option.metavar))
-       for name, option in RECIPE.options.items())],
-    bases=(EngineSettings,), frozen=True,
-    namespace={"__doc__": "Everything that defines one training run: the engine's settings and the recipe's "
-                          "options. Field names are the flags (``max_epochs`` = ``--max-epochs``)."},
-)
-RunConfig.__module__ = __name__
+def settings_of(recipe: Recipe) -> dict[str, Setting]:
+    """The flags, config keys and sweep parameters of a run of ``recipe``: the engine's settings with the recipe's
+    defaults in place of the engine's, then its options; a recipe that sets them wrong is one line."""
+    found = dict(ENGINE_SETTINGS)
+    found["name"] = dataclasses.replace(found["name"], default=recipe.name)
+    found["data_dir"] = dataclasses.replace(found["data_dir"], help=recipe.data_help)
+    for name, value in recipe.defaults.items():
+        spec = found.get(name)
+        if spec is None or not spec.saved or spec.group == "hardware" or name == "name":
+            raise RecipeError(f"recipe {recipe.name!r}: defaults: {name!r} is not an engine setting a recipe sets "
+                              "(e.g. batch_size, max_epochs, optimizer, lr, scheduler, val_size)")
+        try:
+            found[name] = dataclasses.replace(spec, default=spec.check(value))
+        except ValueError as err:
+            raise RecipeError(f"recipe {recipe.name!r}: defaults: {name}: {err}") from None
+    for name, option in recipe.options.items():
+        if name in found or name in ("options", "trainer", "config"):
+            raise RecipeError(f"recipe {recipe.name!r}: options: {name!r} is already an engine setting; rename it")
+        found[name] = Setting(option.default, option.check, option.help, "model", metavar=option.metavar)
+    return found
 
 
 # Trainer arguments that are also first-class settings: ``--trainer.max_epochs`` is ``--max-epochs``.
@@ -248,32 +269,39 @@ def _expanded_size(value: Any, limit: int) -> int:
     return count
 
 
-def resolve_config(layers: list[tuple[Mapping[str, Any], str]]) -> RunConfig:
-    """A ``RunConfig`` from layers of values, each overriding the ones before it.
+def resolve_config(layers: list[tuple[Mapping[str, Any], str]], recipe: Recipe) -> RunConfig:
+    """A ``RunConfig`` of ``recipe`` from layers of values, each overriding the ones before it and the recipe's
+    defaults.
 
     A layer is ``(values, source)``: a config file's mapping (source ``--config FILE``), a sweep
     trial's, or the command line's flags (source ``""``). ``values["trainer"]`` holds Lightning
     ``Trainer`` arguments; those that are first-class settings are moved to them, and a layer
     that gives both differently is refused.
     """
-    return resolve_config_and_given(layers)[0]
+    return resolve_config_and_given(layers, recipe)[0]
 
 
-def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]]) -> tuple[RunConfig, frozenset[str]]:
+def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
+                             recipe: Recipe) -> tuple[RunConfig, frozenset[str]]:
     """``resolve_config``, and the settings the layers name (a Trainer argument as ``trainer.KEY``): what a resume
     must not take from the run it continues."""
-    settings: dict[str, Any] = {}
+    known = settings_of(recipe)
+    settings: dict[str, Any] = {name: spec.default for name, spec in known.items() if name in recipe.defaults or
+                                name in recipe.options or name == "name"}
     passthrough: dict[str, Any] = {}
+    given: set[str] = set()
     for values, source in layers:
-        layer, trainer = _checked_layer(values, source)
+        layer, trainer = _checked_layer(values, source, known)
+        given.update(layer)
         settings.update(layer)
         passthrough.update(trainer)
     if passthrough:
         from project.config.trainer_args import check_trainer_args  # imports Lightning: only when needed
 
         passthrough = check_trainer_args(passthrough)
-    given = frozenset([*settings, *(f"trainer.{key}" for key in passthrough)])
-    return RunConfig(**settings, trainer=passthrough), given
+    options = {name: settings.pop(name) for name in recipe.options}
+    config = RunConfig(**settings, options=options, trainer=passthrough)
+    return config, frozenset([*given, *(f"trainer.{key}" for key in passthrough)])
 
 
 def _label(source: str, key: str, trainer: bool = False) -> str:
@@ -282,8 +310,8 @@ def _label(source: str, key: str, trainer: bool = False) -> str:
     return f"--trainer.{key}" if trainer else f"--{key.replace('_', '-')}"
 
 
-def _checked_layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    known = RunConfig.settings()
+def _checked_layer(values: Mapping[str, Any], source: str,
+                   known: Mapping[str, Setting]) -> tuple[dict[str, Any], dict[str, Any]]:
     checked: dict[str, Any] = {}
     trainer = values.get("trainer") or {}
     if not isinstance(trainer, Mapping):
@@ -294,14 +322,14 @@ def _checked_layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, An
             continue
         if name not in known:
             raise UsageError(f"{source}: unknown key {shown(key)} (keys are train.py flag names, e.g. max_epochs)")
-        checked[name] = _check(name, value, _label(source, str(key)))
+        checked[name] = _check(known[name], value, _label(source, str(key)))
     passthrough: dict[str, Any] = {}
     for key, value in trainer.items():
         key = str(key)
         if key not in TRAINER_SETTINGS:
             passthrough[key] = value
             continue
-        typed = _check(key, value, _label(source, key, trainer=True))
+        typed = _check(known[key], value, _label(source, key, trainer=True))
         if key in checked and checked[key] != typed:
             raise UsageError(f"{_label(source, key, trainer=True)} {value} and {_label(source, key)} "
                              f"{checked[key]} disagree; give one of them")
@@ -309,8 +337,8 @@ def _checked_layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, An
     return checked, passthrough
 
 
-def _check(name: str, value: Any, label: str) -> Any:
+def _check(spec: Setting, value: Any, label: str) -> Any:
     try:
-        return RunConfig.check_value(name, value)
+        return spec.check(value)
     except ValueError as err:
         raise UsageError(f"{label}: {err}") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 6, 6, 3
@@ -18,7 +18,10 @@ def shown(value: Any) -> str:
     return _SHORT.repr(value)
 
 
-def _number(value: Any, kind: type) -> int | float:
+NumberT = TypeVar("NumberT", int, float)
+
+
+def _number(value: Any, kind: type[NumberT]) -> NumberT:
     if isinstance(value, bool) or (kind is int and isinstance(value, float)):
         raise ValueError(f"not a valid {kind.__name__}: {shown(value)}")
     try:
@@ -194,10 +197,6 @@ def count_or_auto(value: Any) -> int | str:
     if isinstance(value, str) and value.strip() == "auto":
         return "auto"
     return positive_int(value)
-
-
-def integer(value: Any) -> int:
-    return int(_number(value, int))
 
 
 def seed_value(value: Any) -> int:

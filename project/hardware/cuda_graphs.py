@@ -13,6 +13,8 @@ read) is said in one line and the run goes on with the eager steps from the same
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import torch
@@ -26,13 +28,20 @@ TIMED_REPLAYS = 10
 GROUP_BUFFER_BYTES = 256 * 2**20  # the inputs a group's buffer holds at most (it holds two batches at least)
 
 
+class StepMode(Enum):
+    """How a group's optimizer steps run."""
+
+    GRAPHS = "graphs"  # each step a DeviceStep replayed from one CUDA graph capture
+    DEVICE = "device"  # the same DeviceStep, uncaptured (--cuda-graphs on a CPU: their arithmetic, checked)
+    OFF = "off"  # torch.optim's own eager steps
+
+
 def capture_plan(config: RunConfig, accelerator: str, steps_per_call: int, why_one: str | None = None) -> \
-        tuple[str, str]:
-    """``(mode, why)``: ``graphs`` (captured), ``device`` (the same step uncaptured: ``--cuda-graphs`` on CPU) or
-    ``off`` (the eager ``torch.optim`` steps). ``--cuda-graphs`` asked for where it cannot be: refused in one line."""
+        tuple[StepMode, str]:
+    """The step mode and why. ``--cuda-graphs`` asked for where it cannot be: refused in one line."""
     asked = config.cuda_graphs
     if asked is False:
-        return "off", "--no-cuda-graphs"
+        return StepMode.OFF, "--no-cuda-graphs"
     reason = None
     if steps_per_call < 2:
         reason = why_one or f"--steps-per-call {steps_per_call}: a graph replays the steps of a group"
@@ -45,12 +54,12 @@ def capture_plan(config: RunConfig, accelerator: str, steps_per_call: int, why_o
     if reason is not None:
         if asked is True:
             raise UsageError(f"--cuda-graphs: not possible here ({reason}); drop it or use --no-cuda-graphs")
-        return "off", reason
+        return StepMode.OFF, reason
     if accelerator == "cuda":
-        return "graphs", "each optimizer step replayed from one capture"
+        return StepMode.GRAPHS, "each optimizer step replayed from one capture"
     if asked is True:
-        return "device", f"no GPU here: --cuda-graphs checks their arithmetic on {accelerator}"
-    return "off", f"{accelerator}: CUDA graphs need a GPU"
+        return StepMode.DEVICE, f"no GPU here: --cuda-graphs checks their arithmetic on {accelerator}"
+    return StepMode.OFF, f"{accelerator}: CUDA graphs need a GPU"
 
 
 class StepRunner:
@@ -60,7 +69,7 @@ class StepRunner:
     ``on_timed`` receives a replayed step's seconds, measured with CUDA events after the capture.
     """
 
-    def __init__(self, mode: str, on_timed: Any = None) -> None:
+    def __init__(self, mode: StepMode, on_timed: Callable[[float], None] | None = None) -> None:
         self.mode, self.on_timed = mode, on_timed
         self.reason = ""
         self.program: DeviceStep | None = None
@@ -68,7 +77,7 @@ class StepRunner:
 
     def run(self, module: Any, group: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> torch.Tensor | None:
         """The group's step losses, or None when the eager steps must take it."""
-        if self.mode == "off":
+        if self.mode is StepMode.OFF:
             return None
         trainer = module.trainer
         if self.program is None:
@@ -83,7 +92,7 @@ class StepRunner:
         images, targets = group
         full = len(targets) // batch_size * batch_size
         losses = []
-        if self.mode == "graphs" and full:
+        if self.mode is StepMode.GRAPHS and full:
             if self.graph is None and not self._capture(images[:full], targets[:full], batch_size):
                 return None
             losses.append(self._replay(images[:full], targets[:full]))
@@ -94,7 +103,7 @@ class StepRunner:
         return torch.cat(losses) if len(losses) > 1 else losses[0]
 
     def _off(self, reason: str) -> None:
-        self.mode, self.reason = "off", reason
+        self.mode, self.reason = StepMode.OFF, reason
         if self.program is None or self.program.device.type == "cuda":
             print(f"train.py: CUDA graphs off ({reason}); the same steps run eagerly", file=sys.stderr, flush=True)
 

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
+from project import internals
+
 FEATURES = ("lr", "momentum")  # what the schedule table holds per step and parameter group
 
 
@@ -128,7 +130,7 @@ def advance_schedule(scheduler: Any, steps: int) -> None:
         warnings.simplefilter("ignore")
         if closed_form:
             scheduler.last_epoch += steps - 1
-            scheduler._step_count += steps - 1  # noqa: SLF001 - what stepping that often would count
+            internals.count_scheduler_steps(scheduler, steps - 1)
             scheduler.step()
         else:
             for _ in range(steps):
@@ -162,7 +164,7 @@ class DeviceStep:
         self.scale = self.growth = self.found_inf = None
         if scaler is not None and scaler.is_enabled():
             scaler.scale(torch.ones((), device=self.device))  # makes GradScaler's scale and growth tensors
-            self.scale, self.growth = scaler._scale, scaler._growth_tracker  # noqa: SLF001 - updated in place here
+            self.scale, self.growth = internals.scaler_tensors(scaler)
             self.scaler_settings = (scaler.get_growth_factor(), scaler.get_backoff_factor(),
                                     scaler.get_growth_interval())
             self.found_inf = torch.zeros(1, device=self.device)
@@ -211,7 +213,7 @@ class DeviceStep:
             if skip is not None:
                 for tensor, before in zip(self._state(dict(used)), kept, strict=True):
                     tensor.copy_(torch.where(skip, before, tensor))
-                torch._amp_update_scale_(self.scale, self.growth, self.found_inf, *self.scaler_settings)
+                internals.amp_update_scale_(self.scale, self.growth, self.found_inf, *self.scaler_settings)
             self.index.add_(1)
         return loss.detach()
 
@@ -223,7 +225,7 @@ class DeviceStep:
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
         for same in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(same, self.found_inf, inverse)
+            internals.amp_unscale_(same, self.found_inf, inverse)
         return self.found_inf.view(()).bool()
 
     def _state(self, grads: dict[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
@@ -244,13 +246,13 @@ class DeviceStep:
             lr, momentum = hyper[index, 0], hyper[index, 1]
             g = [grads[p] for p in params]
             if group["weight_decay"]:
-                g = torch._foreach_add(g, params, alpha=group["weight_decay"])
+                g = internals.foreach_add(g, params, alpha=group["weight_decay"])
             buffers = [self.optimizer.state[p].get("momentum_buffer") for p in params]
             if all(b is not None for b in buffers):
-                torch._foreach_mul_(buffers, momentum)
-                torch._foreach_add_(buffers, g, alpha=1 - group["dampening"])
-                g = torch._foreach_add(g, torch._foreach_mul(buffers, momentum)) if group["nesterov"] else buffers
-            torch._foreach_sub_(params, torch._foreach_mul(g, lr))
+                internals.foreach_mul_(buffers, momentum)
+                internals.foreach_add_(buffers, g, alpha=1 - group["dampening"])
+                g = internals.foreach_add(g, internals.foreach_mul(buffers, momentum)) if group["nesterov"] else buffers
+            internals.foreach_sub_(params, internals.foreach_mul(g, lr))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step changes: weights, optimizer state, loss scale, counters and in-place metrics."""

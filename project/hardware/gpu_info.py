@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from project import internals
 from project.hardware.devices import mps_available, resolve_accelerator
 
 
 def auto_accelerator() -> str:
     """Ask Lightning itself what ``accelerator="auto"`` resolves to here."""
     try:
-        from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
-
-        return str(_AcceleratorConnector._choose_auto_accelerator())
+        return internals.auto_accelerator()
     except Exception:  # noqa: BLE001 - private API; fall back to the same rule, stated by us
         return resolve_accelerator("auto")
 
@@ -116,7 +116,7 @@ def render(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)]

@@ -10,8 +10,7 @@ The shipped recipe is the article's: an MLP on MNIST (``mnist_files.py`` reads a
 IDX files, ``digits.py`` makes a photo of a digit look like MNIST). Kept light: no torch here.
 """
 
-from project.config.validators import sizes
-from project.contract import Option, Recipe
+from project.api import Option, Recipe, sizes
 
 RECIPE = Recipe(
     name="mnist",

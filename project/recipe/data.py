@@ -7,9 +7,9 @@ import os
 import torch
 from torchvision import datasets, transforms
 
+from project.api import TensorDataModule
 from project.recipe.digits import load_digit
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD, ensure_mnist, label_problem
-from project.training.tensor_data import TensorDataModule
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:

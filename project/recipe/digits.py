@@ -7,9 +7,8 @@ import os
 import torch
 from PIL import Image
 
-from project.errors import ImageError
+from project.api import ImageError, TensorDataModule
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
-from project.training.tensor_data import TensorDataModule
 
 INK_THRESHOLD = 0.2  # after contrast stretching, pixels above this count as the digit
 

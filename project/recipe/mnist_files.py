@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from project.errors import DataError, not_a_regular_file
+from project.api import DataError, not_a_regular_file
 
 RAW_FILES = (
     "train-images-idx3-ubyte",

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from project.errors import CheckpointError
+from project.api import CheckpointError, ClassifierModule
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
-from project.training.classifier import ClassifierModule
 
 PIXELS, CLASSES = 28 * 28, 10
 

@@ -15,6 +15,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project import internals
 from project.contract import RECIPE_VARIABLE, Recipe
 from project.errors import CheckpointError, NonFiniteLossError, not_a_regular_file
 
@@ -57,11 +58,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def validation_due(trainer: L.Trainer) -> bool:
     """Whether Lightning validates right after this training step (the epoch's last, or a val_check_interval):
     no place to stop or to take a resume point."""
-    loop = trainer.fit_loop.epoch_loop
-    try:
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))  # noqa: SLF001 - Lightning's own rule
-    except (AttributeError, TypeError):
-        return bool(loop.batch_progress.is_last_batch)
+    return internals.validation_due(trainer)
 
 
 class LastCheckpoint(ModelCheckpoint):

@@ -58,7 +58,9 @@ class DdpJobEnd(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException) and self._started:
-            trainer.strategy.launcher.kill(signal.SIGKILL)
+            launcher = trainer.strategy.launcher
+            if launcher is not None:
+                launcher.kill(signal.SIGKILL)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):

@@ -107,7 +107,7 @@ def read_mapping(path: Path, fields: Mapping[str, tuple[Check, str]]) -> dict[st
         raise DamagedRecord(path, "not UTF-8 text") from None
     try:
         values = json.loads(text)
-    except ValueError as err:
+    except json.JSONDecodeError as err:
         problem = "empty" if not text.strip() else f"not valid JSON (cut short or edited: line {err.lineno})"
         raise DamagedRecord(path, problem) from None
     except RecursionError:

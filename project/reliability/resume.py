@@ -11,19 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from project.config.schema import RECIPE, RunConfig
+from project import internals
+from project.config.schema import RunConfig
 from project.config.trainer_args import same_trainer_value, trainer_default
+from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import runs
 from project.reliability.checkpointing import check_trained_by, data_position, read_checkpoint
 from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
 from project.reliability.run_folder import RunFolder
 
-# Settings that change what is trained. A resume must keep them; --init-from starts a new run instead.
+# Settings that change what is trained (with the recipe's options). A resume must keep them; --init-from starts a
+# new run instead.
 TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
-           "batch_size", "precision", "scale_lr", *RECIPE.options)
+           "batch_size", "precision", "scale_lr")
 TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                         "limit_train_batches", "max_steps")
 
@@ -37,9 +40,9 @@ class Resume:
     steps_per_call: int | None
     global_step: int
 
-    def chose_steps_per_call(self, steps_per_call: int) -> bool:
-        """Whether ``steps_per_call`` is what ``auto`` chose for the run this one resumes."""
-        return self.steps_per_call == steps_per_call and self.record.get("config", {}).get("steps_per_call") == "auto"
+    def auto_steps_per_call(self) -> int | None:
+        """The K that ``auto`` chose for the run this one resumes (None: it was asked for, or not recorded)."""
+        return self.steps_per_call if self.record.get("config", {}).get("steps_per_call") == "auto" else None
 
     @property
     def run_folder(self) -> Path | None:
@@ -47,7 +50,8 @@ class Resume:
         return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
 
 
-def checkpoint_to_resume(config: RunConfig, planned_steps: int | None = None, world_size: int = 1) -> Resume | None:
+def checkpoint_to_resume(config: RunConfig, recipe: Recipe, planned_steps: int | None = None,
+                         world_size: int = 1) -> Resume | None:
     """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
     schedule of another length is one line before any run folder exists (``planned_steps``: the optimizer steps
     this run's settings take, ``project.training.plan.planned_steps``)."""
@@ -58,13 +62,13 @@ def checkpoint_to_resume(config: RunConfig, planned_steps: int | None = None, wo
         raise UsageError("--find-lr/--find-batch-size with --resume: the checkpoint fixes the batch size and LR; "
                          "drop the tuner flag")
     checkpoint = read_checkpoint(path)
-    check_trained_by(checkpoint, path, RECIPE)
+    check_trained_by(checkpoint, path, recipe)
     written_by = str(checkpoint.get("pytorch-lightning_version", "2"))
     if not written_by.split(".")[0].isdigit() or int(written_by.split(".")[0]) < 2:
         raise UserError(f"{path}: written by Lightning {written_by}, whose training loops kept another state; a "
                         "resume needs a checkpoint of Lightning 2: start a new run from its weights with --init-from")
     record = checkpoint.get("run_record", {})
-    check_same_training(_trained_with(checkpoint), config, path)
+    check_same_training(_trained_with(checkpoint, config), config, path, recipe)
     saved_world = (data_position(checkpoint) or {}).get("world_size")
     if saved_world is not None and saved_world != world_size:
         raise UserError(f"the checkpoint was written by {saved_world} process(es), this run has {world_size}; "
@@ -99,30 +103,31 @@ def _checkpoint_named(config: RunConfig) -> Path | None:
     return Path(RunFolder.checkpoint(config.resume, config.logdir, config.name, "--resume")[0])
 
 
-def _trained_with(checkpoint: dict[str, Any]) -> dict[str, Any]:
+def _trained_with(checkpoint: dict[str, Any], config: RunConfig) -> dict[str, Any]:
     """The settings the checkpoint's run trained with; for a checkpoint written before runs recorded them, what its
     hyperparameters say of them."""
     record = checkpoint.get("run_record", {})
     return record.get("config") or {key: value for key, value in checkpoint.get("hyper_parameters", {}).items()
-                                    if key in TRAINED}
+                                    if key in (*TRAINED, *config.options)}
 
 
-def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
+def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe) -> RunConfig:
     """A resume continues its run: each setting that defines the training and that the command (flags, config file)
     leaves unset is the run's own, so ``--resume last`` alone continues it; one given differently is refused later."""
     path = _checkpoint_named(config)
     if path is None:
         return config
     checkpoint = read_checkpoint(path, mmap=True)  # its settings: the weights are read by the resume
-    check_trained_by(checkpoint, path, RECIPE)
-    saved = _trained_with(checkpoint)
-    changes = {key: saved[key] for key in (*TRAINED, "max_epochs") if key in saved and key not in given}
+    check_trained_by(checkpoint, path, recipe)
+    saved = _trained_with(checkpoint, config)
+    changes = {key: saved[key] for key in (*TRAINED, *config.options, "max_epochs") if key in saved and
+               key not in given}
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
                   if key in saved_trainer and f"trainer.{key}" not in given}, **config.trainer}
     adopted = config.replace(**changes, trainer=trainer)
     differing = [f"--{key.replace('_', '-')} {_shown(value)}" for key, value in changes.items()
-                 if value != getattr(config, key) and not (key == "precision" and full_precision(value) ==
+                 if value != config.value(key) and not (key == "precision" and full_precision(value) ==
                                                            full_precision(config.precision))]
     differing += [f"--trainer.{key} {_shown(value)}" for key, value in trainer.items() if key not in config.trainer]
     if differing:
@@ -130,16 +135,16 @@ def adopt_run_settings(config: RunConfig, given: Collection[str]) -> RunConfig:
     return adopted
 
 
-def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
+def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path, recipe: Recipe) -> None:
     """Refuse, naming the flag, any setting that would change what the checkpoint's run trains (a setting left to
     its default compares as the default it stands for)."""
     now = {**config.to_mapping(), "precision": full_precision(config.precision)}
     saved = {**saved, **({"precision": full_precision(saved["precision"])} if "precision" in saved else {})}
-    default_val = RECIPE.datamodule_class().default_val_size if "val_size" in saved else None
+    default_val = recipe.datamodule_class().default_val_size if "val_size" in saved else None
     for values in (now, saved):
         if values.get("val_size") is None and "val_size" in saved:
             values["val_size"] = default_val
-    keys = [*TRAINED, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
+    keys = [*TRAINED, *config.options, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
     differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
                  if key in saved and saved[key] != now.get(key)]
     saved_trainer, trainer = saved.get("trainer", {}), config.trainer
@@ -167,13 +172,13 @@ def _shown(value: Any) -> str:
     return "(not set)" if value is None else str(value)
 
 
-def initial_weights(config: RunConfig) -> dict[str, Any] | None:
+def initial_weights(config: RunConfig, recipe: Recipe) -> dict[str, Any] | None:
     """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
     if not config.init_from:
         return None
     path, _ = RunFolder.checkpoint(config.init_from, config.logdir, config.name, "--init-from")
     checkpoint = read_checkpoint(path)
-    check_trained_by(checkpoint, path, RECIPE)
+    check_trained_by(checkpoint, path, recipe)
     return checkpoint["state_dict"]
 
 
@@ -189,7 +194,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     if config.steps_per_call == "auto" and resume.steps_per_call:
         config = config.replace(steps_per_call=resume.steps_per_call)
     folder = resume.run_folder
-    if folder is None or rank_zero_only.rank != 0:
+    if folder is None or not internals.is_rank_zero():
         return config.replace(**_folder_settings(folder, resume)) if folder else config
     runs.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
     RunFolder(folder).refuse_if_damaged()  # and one whose records are damaged
@@ -216,9 +221,9 @@ def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:
     return {"logdir": logdir, "name": name, "run_version": folder.name}
 
 
-def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
+def load_initial_weights(model: L.LightningModule, config: RunConfig, recipe: Recipe) -> None:
     """``--init-from``: a new run starts from a checkpoint's weights (its optimizer and schedule are new)."""
-    weights = initial_weights(config)
+    weights = initial_weights(config, recipe)
     if weights is None:
         return
     try:
@@ -227,9 +232,9 @@ def load_initial_weights(model: L.LightningModule, config: RunConfig) -> None:
         detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in
                        line or "Unexpected" in line), str(err).splitlines()[0])
         raise UserError(f"--init-from {config.init_from}: its weights do not fit this model ({detail[:140]}); "
-                        f"use the model settings it was trained with{_options_hint()}") from None
+                        f"use the model settings it was trained with{_options_hint(config)}") from None
 
 
-def _options_hint() -> str:
-    flags = ", ".join(f"--{name.replace('_', '-')}" for name in RECIPE.options)
+def _options_hint(config: RunConfig) -> str:
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in config.options)
     return f" ({flags})" if flags else ""

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from project import internals
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.reliability import runs
@@ -48,7 +48,7 @@ def check_outputs_writable(config: RunConfig) -> None:
                          "other; give each its own path")
     _check_writable_dir(Path(config.logdir), "--logdir")
     named = Path(config.logdir) / config.name / (config.run_version or "")
-    if config.run_version and named.exists() and rank_zero_only.rank == 0 and not config.resume:
+    if config.run_version and named.exists() and internals.is_rank_zero() and not config.resume:
         raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
                          "choose another (or continue it with --resume)")
     exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
@@ -88,7 +88,7 @@ def claim_run_folder(config: RunConfig, resuming: bool = False) -> RunConfig:
     already (``continue_in_its_folder``)."""
     if config.fast_dev_run:
         return config
-    if rank_zero_only.rank != 0:
+    if not internals.is_rank_zero():
         return config.replace(run_version=os.environ.get(RUN_VERSION_ENV, config.run_version))
     parent = Path(config.logdir) / config.name
     existed = False

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from project import internals
 from project.errors import UsageError
 from project.reliability import run_files, runs
 from project.reliability.records import read_results, read_run_record
@@ -39,13 +40,12 @@ class RunFolder:
         with the config that names it (``None`` for a run that writes no files: ``--fast-dev-run``, ranks other
         than 0). On the way out: how the run ended, recorded; a folder a refusal left empty, removed; the lock
         released."""
-        from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
         named = Path(config.logdir) / config.name / str(config.run_version)
         existed = config.run_version is not None and named.exists()
         try:
             config = run_files.claim_run_folder(config, resuming=resuming)
-            writes = rank_zero_only.rank == 0 and not config.fast_dev_run
+            writes = internals.is_rank_zero() and not config.fast_dev_run
             folder = cls(Path(config.logdir) / config.name / str(config.run_version)) if writes else None
             try:
                 yield folder, config

@@ -19,7 +19,8 @@ from lightning.fabric.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from project import internals
 
 # Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
 MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -42,7 +43,7 @@ def job_to_requeue() -> str | None:
     job = os.environ.get("SLURM_JOB_ID")
     if "SLURM_ARRAY_JOB_ID" in os.environ:  # an array task is requeued by its array id and index
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return job if job and rank_zero_only.rank == 0 else None
+    return job if job and internals.is_rank_zero() else None
 
 
 def requeue(job: str) -> str | None:

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import Terminated
+from project.internals import stop_as_on_sigterm
 from project.reliability.checkpointing import validation_due
 from project.reliability.slurm import job_to_requeue, requeue
 
@@ -50,7 +51,7 @@ class StopSignals:
             signal.signal(signum, self.note)
 
     def name(self) -> str:
-        return NAMES.get(self.received or signal.SIGTERM, "a signal")
+        return NAMES.get(signal.Signals(self.received or signal.SIGTERM), "a signal")
 
     def terminated(self, what: str) -> Terminated:
         """The exception that ends the run, its message saying what really happened. On SLURM, SIGUSR1
@@ -123,7 +124,7 @@ class StopAtSafePoints(Callback):
         if self._agreed(trainer) and not validation_due(trainer):
             self.stopped_at = trainer.global_step
             # Lightning's own stop: it raises SIGTERMException once this step's metrics are logged.
-            trainer._signal_connector.received_sigterm = True  # noqa: SLF001
+            stop_as_on_sigterm(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._agreed(trainer):

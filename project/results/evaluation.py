@@ -11,7 +11,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from project import EVAL_BATCH_SIZE
-from project.contract import recipe
+from project.contract import Recipe
 from project.errors import CheckpointError
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
@@ -49,16 +49,16 @@ class Classifier(nn.Module):
         return f"{self.source}{chosen}{computed}"
 
 
-def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir: str = "lightning_logs",
-                    name: str | None = None) -> Classifier:
+def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None = None,
+                    logdir: str = "lightning_logs", name: str | None = None) -> Classifier:
     """From ``--weights model.pth``, or ``--ckpt PATH|best|last`` (default: ``best``) of the recipe's runs."""
-    module_class = recipe().module_class()
+    module_class = recipe.module_class()
     if weights:
         network = module_class.network_from_weights(read_weights(weights), str(weights))
         return Classifier(network.eval(), source=str(weights))
-    path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe().name, "--ckpt")
+    path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe.name, "--ckpt")
     state = read_checkpoint(path)
-    check_trained_by(state, path, recipe())
+    check_trained_by(state, path, recipe)
     module = module_class(**state["hyper_parameters"])
     try:
         module.load_state_dict(state["state_dict"], strict=True)
@@ -69,9 +69,9 @@ def load_classifier(ckpt: str | None = None, weights: str | None = None, logdir:
     return Classifier(module.model.eval(), source=str(path), chosen=chosen, precision=precision)
 
 
-def recipe_data(data_dir: str | None = None) -> Any:
+def recipe_data(recipe: Recipe, data_dir: str | None = None) -> Any:
     """The recipe's datamodule with its defaults: its test set, its image reading."""
-    return recipe().datamodule_class()(data_dir)
+    return recipe.datamodule_class()(data_dir)
 
 
 @torch.no_grad()
@@ -117,10 +117,10 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_test_set(classifier: Classifier, data_dir: str | None = None) -> dict[str, Any]:
+def evaluate_test_set(recipe: Recipe, classifier: Classifier, data_dir: str | None = None) -> dict[str, Any]:
     """``evaluate`` on the recipe's test set, normalised as in training (read sample by sample where the recipe
     reads its data that way)."""
-    datamodule = recipe_data(data_dir)
+    datamodule = recipe_data(recipe, data_dir)
     datamodule.setup("test")
     test = datamodule.test_set
     if datamodule.per_sample:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ def export_program(network: nn.Module, input_shape: tuple[int, ...]) -> torch.ex
                          "drop --export-pt2 or make the network exportable") from None
 
 
-def check_exportable(module: nn.Module, input_shape: tuple[int, ...]) -> None:
+def check_exportable(module: Any, input_shape: tuple[int, ...]) -> None:
     """Before training: ``--export-pt2`` refused now, not after the run's work is done."""
     network, _ = module.portable_network()
     export_program(network, input_shape)

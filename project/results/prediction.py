@@ -8,14 +8,17 @@ from typing import Any
 
 import torch
 
+from project.contract import Recipe
 from project.errors import ImageError, one_field
 from project.results.evaluation import Classifier, recipe_data
 from project.results.image_files import image_files
 
 
-def classify_files(classifier: Classifier, inputs: list[str], topk: int = 1) -> Iterator[tuple[Path, Any]]:
-    """``(path, result)`` per file; ``result`` is a dict, or a one-line reason when the file is unusable."""
-    read_image = recipe_data().read_image
+def classify_files(recipe: Recipe, classifier: Classifier, inputs: list[str],
+                   topk: int = 1) -> Iterator[tuple[Path, Any]]:
+    """``(path, result)`` per file, each read as ``recipe`` reads images; ``result`` is a dict, or a one-line reason
+    when the file is unusable."""
+    read_image = recipe_data(recipe).read_image
     for path in image_files(inputs):
         try:
             image = read_image(path)

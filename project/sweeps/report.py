@@ -10,11 +10,12 @@ import optuna
 import yaml
 
 from project.config.schema import resolve_config
+from project.contract import Recipe
 from project.results.figures import pyplot
 from project.secrets import redact, redact_values
 
 
-def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
+def report(study: optuna.Study, recipe: Recipe, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:
     """Best-trials table, ``best.yaml`` for ``train.py --config``, history and importance plots."""
     folder.mkdir(parents=True, exist_ok=True)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -28,7 +29,7 @@ def report(study: optuna.Study, fixed: dict[str, Any], folder: Path, top: int = 
     lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
     lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
               for t in best]
-    best_config = resolve_config([(fixed, "fixed"), (best[0].params, "params")])
+    best_config = resolve_config([(fixed, "fixed"), (best[0].params, "params")], recipe)
     config = {k: v for k, v in best_config.to_mapping().items() if k not in ("data_dir", "logdir", "name")}
     (folder / "best.yaml").write_text(
         f"# best of study {study.study_name}: trial {best[0].number}, val/acc {best[0].value:.4f}\n"

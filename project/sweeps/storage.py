@@ -24,6 +24,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, 
 from optuna.trial import FrozenTrial, TrialState
 
 from project.errors import UsageError, not_a_regular_file
+from project.internals import trial_id
 from project.secrets import redact
 
 RETRIES = 2  # a trial whose worker died runs at most this many more times
@@ -158,7 +159,7 @@ def retry_dead_workers_trials(study: optuna.Study, storage: Any) -> list[int]:
         if recorded is None or _alive(recorded):
             continue
         try:
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # noqa: SLF001 - the storage's own key
+            storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker failed it first, and enqueued the retry
         with warnings.catch_warnings():

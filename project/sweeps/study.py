@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from sqlalchemy.exc import SQLAlchemyError
 
-from project.config.schema import RunConfig, load_yaml, resolve_config
+from project.config.schema import RunConfig, Setting, load_yaml, resolve_config, settings_of
 from project.config.validators import shown
+from project.contract import Recipe
 from project.errors import NonFiniteLossError, Terminated, UsageError, UserError
 from project.hardware.devices import expected_world_size
 from project.reliability.run_folder import RunFolder
@@ -41,8 +43,8 @@ TYPES = ("float", "int", "categorical")
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 
 
-def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """``(fixed, params)`` from a sweep YAML, checked key by key with errors that name the key."""
+def load_space(path: str | Path, recipe: Recipe) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(fixed, params)`` from a sweep YAML for ``recipe``, checked key by key with errors that name the key."""
     document = load_yaml(str(path), str(path), "a mapping with 'params' (and optionally 'fixed')")
     for key in document:
         if key not in ("fixed", "params"):
@@ -50,7 +52,7 @@ def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, An
     fixed, params = document.get("fixed") or {}, document.get("params") or {}
     if not isinstance(fixed, dict) or not isinstance(params, dict) or not params:
         raise UsageError(f"{path}: 'params' must map flag names to search specs (and 'fixed' to values)")
-    settings = RunConfig.settings()
+    settings = settings_of(recipe)
     for section, keys in (("fixed", fixed), ("params", params)):
         for key in keys:
             name = str(key).replace("-", "_")
@@ -60,8 +62,9 @@ def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, An
                 raise UsageError(f"{path}: {section}.{key}: set by the sweep for each trial (its own run folder, "
                                  "a new run); leave it out of the space")
     for key, spec in params.items():
-        _check_spec(path, str(key).replace("-", "_"), spec)
-    resolve_config([(fixed, f"{path}: fixed")])  # a bad fixed value is reported now, not at the first trial
+        name = str(key).replace("-", "_")
+        _check_spec(path, name, spec, settings.get(name))
+    resolve_config([(fixed, f"{path}: fixed")], recipe)  # a bad fixed value is reported now, not at the first trial
     return fixed, params
 
 
@@ -69,7 +72,7 @@ def load_space(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, An
 PER_TRIAL = ("resume", "init_from", "run_version", "export", "export_pt2", "overwrite", "logdir", "name", "debug")
 
 
-def _check_spec(path: str | Path, key: str, spec: Any) -> None:
+def _check_spec(path: str | Path, key: str, spec: Any, setting: Setting | None) -> None:
     """One parameter's search spec, and every value it can give checked as the flag checks it: a space that
     slipped through would fail its trials one by one instead."""
     where = f"{path}: params.{key}"
@@ -82,9 +85,11 @@ def _check_spec(path: str | Path, key: str, spec: Any) -> None:
         if not isinstance(spec.get("choices"), list) or not spec["choices"]:
             raise UsageError(f"{where}: 'choices' must be a non-empty list")
         for choice in spec["choices"]:
-            _check_value(where, key, choice)
+            _check_value(where, key, choice, setting)
         return
-    low, high, step = spec.get("low"), spec.get("high"), spec.get("step")
+    low: Any = spec.get("low")
+    high: Any = spec.get("high")
+    step: Any = spec.get("step")
     number = (int,) if spec["type"] == "int" else (int, float)
     for name, value in (("low", low), ("high", high), *((("step", step),) if step is not None else ())):
         if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
@@ -100,14 +105,14 @@ def _check_spec(path: str | Path, key: str, spec: Any) -> None:
     if step is not None and spec.get("log"):
         raise UsageError(f"{where}: a log scale takes no 'step' (Optuna samples it continuously)")
     for value in (low, high):
-        _check_value(where, key, value)
+        _check_value(where, key, value, setting)
 
 
-def _check_value(where: str, key: str, value: Any) -> None:
-    if key == "trainer":
+def _check_value(where: str, key: str, value: Any, setting: Setting | None) -> None:
+    if setting is None:  # trainer: checked against Trainer's signature when a trial's config is made
         return
     try:
-        RunConfig.check_value(key, value)
+        setting.check(value)
     except ValueError as err:
         raise UsageError(f"{where}: {shown(value)} is not a value --{key.replace('_', '-')} takes ({err})") from None
 
@@ -144,19 +149,19 @@ class PruneOnValAcc(Callback):
             trainer.should_stop = True
 
 
-def prepare(args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.BaseStorage, Objective]:
+def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.BaseStorage, Objective]:
     """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run.
 
     Everything a user can get wrong (the space, the data, the storage) is checked here, before
     the study is opened, so no trial is ever recorded as failed for it.
     """
-    fixed, params = load_space(args.space)
+    fixed, params = load_space(args.space, recipe)
     quiet()
     folder = Path(args.logdir) / "sweeps" / args.study_name
     base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
             "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
-    objective = Objective(fixed, params, base, folder)
-    build_datamodule(objective.trial_config({})).prepare_data()
+    objective = Objective(recipe, fixed, params, base, folder)
+    build_datamodule(objective.trial_config({}), recipe).prepare_data()
     storage = open_storage(args.storage, args.heartbeat)
     try:
         study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
@@ -187,11 +192,13 @@ def _first(err: BaseException) -> str:
 def open_study(name: str, storage: optuna.storages.BaseStorage | str, pruner: str, sampler_seed: int | None,
                sampler: str = "tpe", params: dict[str, dict[str, Any]] | None = None) -> optuna.Study:
     """The named study in ``storage`` (a storage, or a journal path or URL), created on first use and resumed after."""
-    pruners = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
-               "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
-    samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=sampler_seed),
-                "random": lambda: optuna.samplers.RandomSampler(seed=sampler_seed),
-                "grid": lambda: optuna.samplers.GridSampler(grid(params or {}), seed=sampler_seed)}
+    pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
+        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+        "halving": optuna.pruners.SuccessiveHalvingPruner, "none": optuna.pruners.NopPruner}
+    samplers: dict[str, Callable[[], optuna.samplers.BaseSampler]] = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=sampler_seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=sampler_seed),
+        "grid": lambda: optuna.samplers.GridSampler(grid(params or {}), seed=sampler_seed)}
     chosen = samplers[sampler]()
     storage = open_storage(storage) if isinstance(storage, str) else storage
     return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
@@ -234,13 +241,14 @@ def grid_size(params: dict[str, dict[str, Any]]) -> int:
 class Objective:
     """One trial = one ``train()`` run in this process, on data loaded once for all trials."""
 
-    def __init__(self, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any], folder: Path) -> None:
-        self.fixed, self.params, self.base, self.folder = fixed, params, base, folder
+    def __init__(self, recipe: Recipe, fixed: dict[str, Any], params: dict[str, Any], base: dict[str, Any],
+                 folder: Path) -> None:
+        self.recipe, self.fixed, self.params, self.base, self.folder = recipe, fixed, params, base, folder
         self.datamodule: TensorDataModule | None = None
 
     def trial_config(self, values: dict[str, Any]) -> RunConfig:
         """The sweep's fixed settings, then this command's (data, logdir, ...), then the trial's sampled ones."""
-        return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")])
+        return resolve_config([(self.fixed, "fixed"), (self.base, "sweep.py"), (values, "params")], self.recipe)
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.set_user_attr("worker", owner())
@@ -254,8 +262,9 @@ class Objective:
                 best_val = train_in_own_process(config)
             else:
                 if self.datamodule is None:
-                    self.datamodule = build_datamodule(config)
-                best_val = train(config, datamodule=self.datamodule, callbacks=[pruning], test=False).best_val
+                    self.datamodule = build_datamodule(config, self.recipe)
+                best_val = train(config, self.recipe, datamodule=self.datamodule, callbacks=[pruning],
+                                 test=False).best_val
         except NonFiniteLossError as err:
             trial.set_user_attr("diverged", str(err))
             print(f"trial {trial.number}: diverged, pruned ({err})", flush=True)

@@ -20,9 +20,11 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.config.schema import LOGGERS, RECIPE, RunConfig
+from project.config.schema import LOGGERS, RunConfig
 from project.config.validators import names_from
+from project.contract import Recipe
 from project.errors import UsageError
+from project.internals import file_writer
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.slurm import cluster_plugins
 from project.results.tensorboard_figures import TensorBoardFigures
@@ -36,37 +38,36 @@ from project.training.callbacks import (
     ScheduleResumeCheck,
 )
 from project.training.classifier import ClassifierModule
-from project.training.steps_per_call import AutoStepsPerCall, SharedStepCount, StepProgressBar
+from project.training.steps_per_call import AutoStepsPerCall, SharedStepCount, Stepper, StepProgressBar
 from project.training.tensor_data import TensorDataModule
 
 
-def build_datamodule(config: RunConfig, per_sample: bool | None = None) -> TensorDataModule:
+def build_datamodule(config: RunConfig, recipe: Recipe, per_sample: bool | None = None) -> TensorDataModule:
     """The recipe's datamodule for ``config`` (``per_sample``: read its samples one by one even where it could hold
     them in memory, as the benchmark compares)."""
-    return RECIPE.datamodule_class()(
+    return recipe.datamodule_class()(
         data_dir=config.data_dir, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
         num_workers=config.num_workers, pin_memory=config.pin_memory, val_size=config.val_size, seed=config.seed,
         per_sample=per_sample,
     )
 
 
-def build_model(config: RunConfig, steps_per_call: int = 1, step_mode: str = "off",
-                grouped: bool | None = None) -> ClassifierModule:
-    """The recipe's module: its own options from ``config``, and the engine's training settings (``step_mode``:
-    ``project.hardware.cuda_graphs.capture_plan``; ``grouped``: the datamodule's, groups of batches per step)."""
+def build_model(config: RunConfig, recipe: Recipe, stepper: Stepper | None = None) -> ClassifierModule:
+    """The recipe's module: its own options from ``config``, the engine's training settings, and how its steps are
+    taken (``stepper``; default: Lightning's own)."""
     try:
-        model = RECIPE.module_class()(**RECIPE.options_of(config), optimizer=config.optimizer, lr=config.lr,
+        model = recipe.module_class()(**config.options, optimizer=config.optimizer, lr=config.lr,
                                       momentum=config.momentum, weight_decay=config.weight_decay,
-                                      scheduler=config.scheduler, warmup_steps=config.warmup_steps,
-                                      steps_per_call=steps_per_call, step_mode=step_mode, grouped=grouped)
+                                      scheduler=config.scheduler, warmup_steps=config.warmup_steps)
     except RuntimeError as err:  # torch.OutOfMemoryError too
         if "alloc" not in str(err) and "out of memory" not in str(err):
             raise
         asked = re.search(r"allocate (\d+) bytes", str(err))
         size = f"{int(asked.group(1)) / 2**30:,.1f} GiB for one tensor" if asked else str(err).splitlines()[0][:90]
-        options = ", ".join(f"--{name.replace('_', '-')} {_listed(getattr(config, name))}" for name in RECIPE.options)
+        options = ", ".join(f"--{name.replace('_', '-')} {_listed(value)}" for name, value in config.options.items())
         raise UsageError(f"the model does not fit in memory ({size}); choose smaller options ({options})") from None
-    model.auto_steps_per_call = config.steps_per_call == "auto"
+    if stepper is not None:
+        model.use_stepper(stepper)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
@@ -136,7 +137,7 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
 
         plain = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
                  for key, value in hparams.items()}
-        writer = self.experiment._get_file_writer()
+        writer = file_writer(self.experiment)
         for summary in hparams_summary(plain, dict.fromkeys(metrics, 0.0)):
             writer.add_summary(summary)
         self.experiment.flush()

@@ -19,10 +19,9 @@ from torchmetrics import MaxMetric, MeanMetric
 
 from project import OPTIMIZERS, SCHEDULERS
 from project.errors import CheckpointError
-from project.hardware.cuda_graphs import StepRunner
 from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
-from project.training.steps_per_call import retime, run_steps
+from project.training.steps_per_call import Stepper, lightnings_own_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -112,9 +111,6 @@ class ClassifierModule(L.LightningModule):
         weight_decay: float = 5e-4,
         scheduler: str = "onecycle",
         warmup_steps: int | None = None,
-        steps_per_call: int = 1,
-        step_mode: str = "off",
-        grouped: bool | None = None,
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -136,23 +132,16 @@ class ClassifierModule(L.LightningModule):
         # and a per-step MeanMetric update would cost more than a small model's own step.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
-        # Not a hyperparameter: K changes how fast the same training runs, not what it learns.
-        self.steps_per_call = steps_per_call
-        self.automatic_optimization = not (steps_per_call > 1 if grouped is None else grouped)
-        # "graphs": each optimizer step of a group replayed from a CUDA graph; "device": the same step, uncaptured.
-        self.step_mode = step_mode
-        self.step_runner = StepRunner(step_mode, self._retimed) if step_mode != "off" and \
-            not self.automatic_optimization else None
-        self.auto_steps_per_call = False  # set by the engine: K follows the measured step time
-        self.step_seconds: float | None = None  # of a captured step, timed after its capture
+        # Not a hyperparameter: how the steps run changes how fast the same training goes, not what it learns.
+        self.stepper = lightnings_own_steps()
+
+    def use_stepper(self, stepper: Stepper) -> None:
+        """How the engine takes this run's steps: Lightning's own, or groups of K (``steps_per_call.Stepper``)."""
+        self.stepper = stepper
+        self.automatic_optimization = stepper.automatic
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
-
-    def _retimed(self, step_seconds: float) -> None:
-        self.step_seconds = step_seconds
-        if self.auto_steps_per_call:
-            retime(self.trainer, step_seconds)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The training and evaluation loss of the network's outputs: cross-entropy of logits."""
@@ -168,7 +157,7 @@ class ClassifierModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         if not self.automatic_optimization:
-            return run_steps(self, batch, self.trainer.datamodule.batch_size, self.batch_loss, self.step_runner)
+            return self.stepper.train(self, batch, self.batch_loss)
         loss = self.batch_loss(batch)
         # self.log costs more than a small model's step: only the steps the logger writes pay for it.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -267,7 +256,7 @@ class ClassifierModule(L.LightningModule):
         optimizer, scheduler = optimizer_and_schedule(
             self.model.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay, hp.scheduler,
             hp.get("warmup_steps"), self.optimizer_steps() if hp.scheduler != "none" else 0, self.device,
-            capturable=self.step_mode == "graphs")
+            capturable=self.stepper.capturable)
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from project.config.schema import RunConfig
+from project.contract import Recipe
 from project.errors import DataError, UserError
 from project.training.data_card import data_card, fmt_values, gather, unaugmented
 from project.training.tensor_data import TensorDataModule, TensorPairs
@@ -37,21 +39,22 @@ class Subject:
 
     datamodule: TensorDataModule
     new_model: Callable[[], Any]
-    config: Any
+    config: RunConfig
+    recipe: Recipe
     found: list[Finding] = field(default_factory=list)
 
 
-def check_recipe(config: Any, learn: bool = True) -> list[Finding]:
-    """Every recipe check on ``config``'s data (its ``data_dir``); ``learn``: the two training checks too."""
+def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[Finding]:
+    """Every check of ``recipe`` on ``config``'s data (its ``data_dir``); ``learn``: the two training checks too."""
     from project.training.build import build_datamodule, build_model
 
-    datamodule = build_datamodule(config)
+    datamodule = build_datamodule(config, recipe)
     try:
         datamodule.setup("fit")
         datamodule.setup("test")
     except DataError as err:
         return [Finding("data", "", f"the datamodule cannot load its data: {err}")]
-    subject = Subject(datamodule, lambda: build_model(config, 1, "off", False), config)
+    subject = Subject(datamodule, lambda: build_model(config, recipe), config, recipe)
     checks: list[Callable[[Subject], Finding]] = [check_inputs, check_augment, check_labels, check_outputs,
                                                   check_statistics, check_leakage, check_eval_determinism]
     if learn:
@@ -209,7 +212,7 @@ def check_learns(subject: Subject) -> Finding:
     with tempfile.TemporaryDirectory(prefix="recipe-check-") as logs:
         config = subject.config.replace(logdir=logs, accelerator="cpu", devices=1, steps_per_call=1,
                                         trainer={**subject.config.trainer, "enable_progress_bar": False})
-        result = train(config)
+        result = train(config, subject.recipe)
     accuracy = float(result.test_metrics["test/acc"])
     epochs = config.max_epochs
     if accuracy < needed:
@@ -217,8 +220,3 @@ def check_learns(subject: Subject) -> Finding:
                        f"{1 / classes:.3f} (needed {needed:.2f}): labels out of step with their inputs, or the test "
                        "split read differently from the training split?")
     return Finding("learns", f"test/acc {accuracy:.3f} after {epochs} epochs (chance {1 / classes:.3f})")
-
-
-def fmt_findings(findings: list[Finding]) -> str:
-    return "\n".join(finding.line() for finding in findings)
-

@@ -1,4 +1,4 @@
-"""One training run: ``train(config)`` checks, builds, tunes, fits, tests, exports and records it."""
+"""One training run: ``train(config, recipe)`` checks, builds, tunes, fits, tests, exports and records it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.config.schema import RunConfig
+from project.config.schema import RunConfig, settings_of
+from project.contract import Recipe
 from project.errors import Terminated, UsageError, UserError
-from project.hardware.cuda_graphs import capture_plan
+from project.hardware.cuda_graphs import StepMode
 from project.hardware.devices import (
     expected_world_size,
     peak_memory_mb,
     release_cuda_cache,
-    resolve_accelerator,
     resolve_hardware,
     warm_up_cuda,
 )
@@ -49,7 +49,7 @@ from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
 from project.training.plan import planned_steps, train_batches
-from project.training.steps_per_call import CAPTURED_STEP, LIGHTNING_STEP_OVERHEAD_S, plan_steps
+from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
 
@@ -67,11 +67,8 @@ class RunResult:
     best_val: float
     peak_memory_mb: float
     device: str
+    steps: StepsTaken  # K, why, and how the steps ran
     epoch_times: list[float] = field(default_factory=list)
-    steps_per_call: int = 1
-    steps_reason: str = ""
-    step_mode: str = "off"  # graphs, device or off: project.hardware.cuda_graphs
-    step_mode_reason: str = ""
     optimizer_steps: int = 0
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
@@ -81,6 +78,10 @@ class RunResult:
     program: Path | None = None
     program_input: str = ""
     config_file: Path | None = None
+
+    @property
+    def steps_per_call(self) -> int:
+        return self.steps.k
 
     def record(self) -> dict[str, object]:
         """``results.json``: the run's numbers at full precision (``weights`` is set once it is written)."""
@@ -99,11 +100,10 @@ class RunResult:
             f"{self.devices} device(s) x {config.num_nodes} node(s); "
             f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
             f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
-            f"steps per call {self.steps_per_call} ({self.steps_reason})",
+            f"steps per call {self.steps.k} ({self.steps.describe_k()})",
         ]
-        if self.device.startswith("cuda") or self.step_mode != "off":
-            state = {"graphs": " on", "device": "' step run eagerly"}.get(self.step_mode, " off")
-            lines.append(f"CUDA graphs{state} ({self.step_mode_reason})")
+        if self.device.startswith("cuda") or self.steps.mode is not StepMode.OFF:
+            lines.append(self.steps.describe_mode())
         if self.program:
             lines.append(f"portable program {self.program}  (torch.export.load(path).module(); {self.program_input})")
         if self.run_dir:
@@ -130,41 +130,49 @@ class Plan:
     datamodule: TensorDataModule
     model: L.LightningModule
     resume: Resume | None
-    steps_per_call: int
-    steps_reason: str
-    step_mode: str
-    step_mode_reason: str
+    stepper: Stepper
     card: DataCard
 
 
-def train(config: RunConfig, *, datamodule: TensorDataModule | None = None, callbacks: Sequence[Callback] = (),
-          test: bool = True, on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
-    """Run ``config`` end to end. Every rank returns; only rank 0 writes files.
+def train(config: RunConfig, recipe: Recipe, *, datamodule: TensorDataModule | None = None,
+          callbacks: Sequence[Callback] = (), test: bool = True,
+          on_tested: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+    """Run ``config`` (a ``RunConfig`` of ``recipe``) end to end. Every rank returns; only rank 0 writes files.
 
     ``datamodule`` lets several runs share data loaded once (sweeps), ``callbacks`` are added to
     the template's, ``test=False`` stops after fitting, ``on_tested`` receives the test metrics
     (on rank 0) as soon as they exist, before anything that could still fail.
     """
     quiet_known_warnings()
+    check_made_for(config, recipe)
     config = resolve_hardware(config)
     warm_up_cuda(config.accelerator)
     L.seed_everything(config.seed, workers=True, verbose=False)
     job_end = DdpJobEnd()
     try:
-        plan = plan_run(config, datamodule, test)
+        plan = plan_run(config, recipe, datamodule, test)
         with RunFolder.opened(plan.config, resuming=plan.resume is not None) as (folder, config):  # after refusals
-            result = run_plan(plan, config, folder, [job_end, *callbacks], test, on_tested)
+            result = run_plan(plan, recipe, config, folder, [job_end, *callbacks], test, on_tested)
     finally:
         RunFolder.release_all()  # a resume's folder is held from the moment it is chosen
         job_end.end(sys.exc_info()[1])
     return result
 
 
-def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool) -> Plan:
+def check_made_for(config: RunConfig, recipe: Recipe) -> None:
+    """A config made for another recipe (or with none: ``RunConfig()``) would train with options the model does not
+    take: one line instead of a TypeError deep in the model."""
+    if set(config.options) != set(recipe.options):
+        given = ", ".join(config.options) or "none"
+        raise UsageError(f"this config holds the options {given}, recipe {recipe.name!r} takes "
+                         f"{', '.join(recipe.options) or 'none'}: make it with RunConfig.for_recipe(recipe, ...)")
+
+
+def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | None, test: bool) -> Plan:
     """Everything a run can be refused for, checked before anything is written: data, settings, the checkpoint to
     resume (its folder then held by this process), outputs, steps per call, CUDA graphs, the model."""
     if datamodule is None:
-        datamodule = build_datamodule(config)
+        datamodule = build_datamodule(config, recipe)
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     train_size, world_size = datamodule.train_size(), expected_world_size(config)
@@ -172,34 +180,33 @@ def plan_run(config: RunConfig, datamodule: TensorDataModule | None, test: bool)
         datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
     train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
     card = checked_data_card(datamodule)  # statistics declared wrong: refused now
-    resume = checkpoint_to_resume(config, planned_steps(config, train_size, world_size), world_size)
+    resume = checkpoint_to_resume(config, recipe, planned_steps(config, train_size, world_size), world_size)
     config = continue_in_its_folder(config, resume)
     check_outputs_writable(config)
-    steps_per_call, steps_reason = plan_steps(config, datamodule, build_model)
-    if resume and resume.chose_steps_per_call(steps_per_call):
-        steps_reason = "auto: as the run it resumes chose"
-    step_mode, step_mode_reason = capture_plan(config, resolve_accelerator(config.accelerator), steps_per_call,
-                                               steps_reason.removeprefix("auto: "))
-    model = build_model(config, steps_per_call, step_mode, datamodule.grouped)
-    load_initial_weights(model, config)
+    stepper = Stepper(plan_steps(config, datamodule, lambda trial: build_model(trial, recipe),
+                                 resume.auto_steps_per_call() if resume else None))
+    datamodule.use_steps(stepper.plan)
+    model = build_model(config, recipe, stepper)
+    load_initial_weights(model, config, recipe)
     if resume is not None:
         check_fits(model, resume)
     if config.export_pt2:
         check_exportable(model, datamodule.input_shape)
     announce(card)
-    return Plan(config, datamodule, model, resume, steps_per_call, steps_reason, step_mode, step_mode_reason, card)
+    return Plan(config, datamodule, model, resume, stepper, card)
 
 
-def run_plan(plan: Plan, config: RunConfig, folder: RunFolder | None, callbacks: Sequence[Callback], test: bool,
-             on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
+def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | None, callbacks: Sequence[Callback],
+             test: bool, on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
     """Fit, test and record the planned run in its claimed folder (``config`` names it)."""
     datamodule, model, resume = plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
-        stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.steps_per_call)
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.stepper.plan.steps.k)
         trainer = build_trainer(config, [*callbacks, record, stopper],
-                                steps_per_epoch=datamodule.steps_per_epoch() if datamodule.grouped else None)
+                                steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None)
         try:
-            config = record.config = tune(trainer, model, datamodule, config)
+            config = record.config = tune(trainer, model, datamodule, config,
+                                          base_batch=settings_of(recipe)["batch_size"].default)
             log_run_text(trainer, config)
             log_card(trainer, plan.card)
             config_file = folder.save_config(config) if folder is not None else None
@@ -215,8 +222,7 @@ def run_plan(plan: Plan, config: RunConfig, folder: RunFolder | None, callbacks:
                 peak_memory_mb=peak_memory_mb(device), device=str(device),
                 epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
                 config_file=config_file, optimizer_steps=trainer.global_step,
-                **steps_taken(datamodule, model, plan.steps_per_call, plan.steps_reason, plan.step_mode,
-                              plan.step_mode_reason),
+                steps=plan.stepper.taken(datamodule.steps_per_call),
             )
             if trainer.is_global_zero and not config.fast_dev_run:
                 finish(trainer, model, result, signals, on_tested if test else None)
@@ -247,22 +253,6 @@ def close_loggers(trainer: L.Trainer) -> None:
     for logger in trainer.loggers:
         if isinstance(logger, OneFileTensorBoardLogger):
             logger.close()
-
-
-def steps_taken(datamodule: TensorDataModule, model: L.LightningModule, planned: int, reason: str, mode: str,
-                mode_reason: str) -> dict[str, object]:
-    """How the steps ran in the end: ``auto`` follows the measured step time, and a capture that could not be
-    made handed the run to the eager steps."""
-    k, timed = datamodule.steps_per_call, getattr(model, "step_seconds", None)
-    if reason == CAPTURED_STEP:
-        reason = f"auto: a captured step takes {timed * 1e3:.3f} ms, Lightning's per-step cost about " \
-                 f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms" if timed else f"auto: {k}, the most (no step was captured)"
-    elif k != planned:
-        reason += f"; {planned} at first, then {k} as the run timed its own steps"
-    runner = getattr(model, "step_runner", None)
-    if runner is not None and runner.mode == "off":
-        mode, mode_reason = "off", runner.reason
-    return {"steps_per_call": k, "steps_reason": reason, "step_mode": mode, "step_mode_reason": mode_reason}
 
 
 def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,

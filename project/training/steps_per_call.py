@@ -6,6 +6,10 @@ step receives a *group* of consecutive batches of the epoch's order and runs one
 function and one optimizer step for each: the same batches in the same order, the same LR at
 every step, the same weights. Groups end wherever something counted in steps must happen (a
 logging step, a checkpoint step, the end of the epoch), so all of those stay exact.
+
+``Stepper`` is the one owner of a run's training step, and what ``ClassifierModule`` calls: the
+plan made before the run (``plan_steps``: K, why, and how the steps run, ``StepMode``), the
+groups, the device-side steps and their CUDA graphs (``project/hardware/cuda_graphs.py``).
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from project import internals
 from project.config.schema import RunConfig
 from project.config.trainer_args import changes_the_default
 from project.errors import UsageError
+from project.hardware.cuda_graphs import StepMode, StepRunner, capture_plan
 from project.hardware.device_step import advance_schedule
 from project.training.callbacks import LoggedLossBar
 
@@ -32,7 +39,6 @@ AUTO_MAX = 64
 # chooses K so that it is at most ~2.5 % of K steps' math.
 LIGHTNING_STEP_OVERHEAD_S = 1e-3
 OVERHEAD_SHARE = 0.025
-CAPTURED_STEP = "auto: from the captured step's time"  # the reason until the capture has timed it
 # Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
 WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
 # Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
@@ -61,50 +67,152 @@ def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -
     return None
 
 
+@dataclass(frozen=True)
+class StepsPerCall:
+    """How many optimizer steps one Lightning step takes, and why."""
+
+    k: int
+    why: str
+    auto: bool = False  # chosen by --steps-per-call auto
+    until_captured: bool = False  # auto's K for a captured step, until the capture has timed it
+
+    def describe(self) -> str:
+        return f"auto: {self.why}" if self.auto else self.why
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a run takes its steps, decided before it starts."""
+
+    steps: StepsPerCall
+    mode: StepMode
+    mode_reason: str
+    grouped: bool  # batches come in groups and the module steps the optimizer itself (auto may raise a K of 1)
+    follows_timing: bool  # K follows the run's measured step time (--steps-per-call auto)
+    group_ends_every: tuple[int, ...] = ()  # step counts at which a group must end (logging, checkpoints)
+
+
 def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.device, datamodule: Any = None,
-                          new_model: Callable[[RunConfig], Any] | None = None) -> tuple[int, str]:
-    """``(K, reason)``: ``--steps-per-call`` if given and possible, else K from the measured step time
-    (of the recipe's model, ``new_model(config)``, on a batch of ``datamodule``'s training split)."""
+                          new_model: Callable[[RunConfig], Any] | None = None) -> StepsPerCall:
+    """``--steps-per-call`` if given and possible, else K from the measured step time (of the recipe's model,
+    ``new_model(config)``, on a batch of ``datamodule``'s training split)."""
     reason = why_one_step(config, world_size, bool(getattr(datamodule, "per_sample", False)))
     if config.steps_per_call != "auto":
         if reason and config.steps_per_call > 1:
             raise UsageError(f"--steps-per-call {config.steps_per_call}: not possible here ({reason}); "
                              "use --steps-per-call 1 or auto")
-        return int(config.steps_per_call), "as asked"
+        return StepsPerCall(int(config.steps_per_call), "as asked")
     if reason:
-        return 1, f"auto: {reason}"
+        return StepsPerCall(1, reason, auto=True)
     if device.type == "cuda" and _will_capture(config):
-        return steps_for(0.0001, config.log_every_n_steps), CAPTURED_STEP
+        return StepsPerCall(steps_for(0.0001, config.log_every_n_steps), "from the captured step's time", auto=True,
+                            until_captured=True)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
         step = measure_step_seconds(config, datamodule, device, new_model)
-    return steps_for(step, config.log_every_n_steps), f"auto: a step's math takes {step * 1e3:.2f} ms, Lightning's " \
-                                                      f"per-step cost about {LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms"
+    return StepsPerCall(steps_for(step, config.log_every_n_steps), f"a step's math takes {step * 1e3:.2f} ms, "
+                        f"Lightning's per-step cost about {LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms", auto=True)
 
 
 def _will_capture(config: RunConfig) -> bool:
     """Whether the run's steps will be captured: their time is measured then, an eager probe would be wasted."""
-    from project.hardware.cuda_graphs import capture_plan
-
-    return capture_plan(config.replace(cuda_graphs="auto" if config.cuda_graphs else False), "cuda", AUTO_MAX)[0] \
-        == "graphs"
+    mode, _ = capture_plan(config.replace(cuda_graphs="auto" if config.cuda_graphs else False), "cuda", AUTO_MAX)
+    return mode is StepMode.GRAPHS
 
 
-def plan_steps(config: RunConfig, datamodule: Any, new_model: Callable[[RunConfig], Any]) -> tuple[int, str]:
-    """Choose K for this run and set the datamodule up to hand out groups; ``(K, why)``. ``new_model`` builds the
-    recipe's module for a config (``project.training.build.build_model``), whose step ``auto`` times."""
+def plan_steps(config: RunConfig, datamodule: Any, new_model: Callable[[RunConfig], Any],
+               resumed_k: int | None = None) -> StepPlan:
+    """K for this run, and how its steps run. ``new_model`` builds the recipe's module for a config
+    (``project.training.build.build_model``), whose step ``auto`` times; ``resumed_k``: the K that ``auto`` chose
+    for the run this one resumes."""
     from project.hardware.devices import expected_world_size, resolve_accelerator
 
     world_size = expected_world_size(config)
     shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
-    k, reason = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
-                                      torch.device(resolve_accelerator(config.accelerator)), datamodule, new_model)
-    # Always set: a datamodule shared by a sweep's trials must not keep the last trial's K.
-    datamodule.steps_per_call = k
+    steps = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
+                                  torch.device(resolve_accelerator(config.accelerator)), datamodule, new_model)
+    if resumed_k is not None and steps.k == resumed_k:
+        steps = StepsPerCall(steps.k, "as the run it resumes chose", auto=True)
+    mode, mode_reason = capture_plan(config, resolve_accelerator(config.accelerator), steps.k, steps.why)
+    follows = config.steps_per_call == "auto"
     # Groups (the module steps itself) wherever K may change: auto may raise a K of 1 as the run goes.
-    datamodule.grouped = k > 1 or (config.steps_per_call == "auto" and why_one_step(config, world_size,
-                                                                             datamodule.per_sample) is None)
-    datamodule.group_ends_every = (config.log_every_n_steps, config.checkpoint_every_n_steps or 0)
-    return k, reason
+    grouped = steps.k > 1 or (follows and why_one_step(config, world_size, datamodule.per_sample) is None)
+    return StepPlan(steps, mode, mode_reason, grouped, follows,
+                    (config.log_every_n_steps, config.checkpoint_every_n_steps or 0))
+
+
+class Stepper:
+    """The one owner of a run's training step, behind the two calls ``ClassifierModule`` makes.
+
+    With K = 1 and no groups Lightning takes each step itself (``automatic``). Otherwise each
+    Lightning step gets a group of batches and ``train`` takes one optimizer step per batch:
+    eagerly with ``torch.optim``, or as device-side steps (``StepMode``), replayed from CUDA graphs
+    on a GPU; a capture that cannot be made hands the run back to the eager steps.
+    """
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+        grouped_on_device = plan.grouped and plan.mode is not StepMode.OFF
+        self.runner = StepRunner(plan.mode, self._timed) if grouped_on_device else None
+        self.step_seconds: float | None = None  # of a captured step, timed after its capture
+        self._trainer: L.Trainer | None = None
+
+    @property
+    def automatic(self) -> bool:
+        """Lightning's own optimisation takes each step."""
+        return not self.plan.grouped
+
+    @property
+    def capturable(self) -> bool:
+        """The optimizer must keep its LR in a tensor: a captured step reads it there."""
+        return self.plan.mode is StepMode.GRAPHS
+
+    def train(self, module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor],
+              batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        """One Lightning step of a grouped run: the group's optimizer steps; their losses."""
+        self._trainer = module.trainer
+        return run_steps(module, group, module.trainer.datamodule.batch_size, batch_loss, self.runner)
+
+    def _timed(self, step_seconds: float) -> None:
+        self.step_seconds = step_seconds
+        if self.plan.follows_timing and self._trainer is not None:
+            retime(self._trainer, step_seconds)
+
+    def taken(self, k: int) -> StepsTaken:
+        """How the steps ran in the end (``k``: the K the run ended with)."""
+        runner_off = self.runner is not None and self.runner.mode is StepMode.OFF
+        return StepsTaken(self.plan.steps, k, self.step_seconds, StepMode.OFF if runner_off else self.plan.mode,
+                          self.runner.reason if runner_off else self.plan.mode_reason)
+
+
+@dataclass(frozen=True)
+class StepsTaken:
+    """How a run's steps ran: the K planned and the K it ended with, and how they ran (``RunResult``)."""
+
+    planned: StepsPerCall
+    k: int
+    step_seconds: float | None  # a captured step's, timed after its capture
+    mode: StepMode
+    mode_reason: str
+
+    def describe_k(self) -> str:
+        """The run's ``steps per call`` line: K, and why."""
+        planned = self.planned
+        if planned.until_captured:
+            return (f"auto: a captured step takes {self.step_seconds * 1e3:.3f} ms, Lightning's per-step cost about "
+                    f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms" if self.step_seconds else
+                    f"auto: {self.k}, the most (no step was captured)")
+        if self.k != planned.k:
+            return f"{planned.describe()}; {planned.k} at first, then {self.k} as the run timed its own steps"
+        return planned.describe()
+
+    def describe_mode(self) -> str:
+        state = {StepMode.GRAPHS: " on", StepMode.DEVICE: "' step run eagerly"}.get(self.mode, " off")
+        return f"CUDA graphs{state} ({self.mode_reason})"
+
+
+def lightnings_own_steps() -> Stepper:
+    """The stepper of a module built outside a run (checks, benchmark, evaluation): Lightning takes each step."""
+    return Stepper(StepPlan(StepsPerCall(1, "as asked"), StepMode.OFF, "", grouped=False, follows_timing=False))
 
 
 def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device,
@@ -169,7 +277,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
         module.log("train/loss", losses[-1])  # not prog_bar: see LoggedLossBar
         module.log("train/lr", lr)
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
-    trainer.fit_loop.epoch_loop._batches_that_stepped += len(losses) - 1  # noqa: SLF001
+    internals.count_logged_steps(trainer, len(losses) - 1)
     return losses
 
 
@@ -209,7 +317,7 @@ def _current_lr(optimizer: Any) -> Any:
 
 def count_optimizer_steps(trainer: L.Trainer, steps: int) -> None:
     """What Lightning's optimizer wrapper records for each step, for steps taken without it."""
-    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    progress = internals.manual_step_progress(trainer)
     for tracker in (progress.total, progress.current):
         tracker.ready += steps
         tracker.completed += steps
@@ -254,7 +362,6 @@ def retime(trainer: L.Trainer, step_seconds: float) -> None:
     k, now = steps_for(step_seconds, trainer.log_every_n_steps), datamodule.steps_per_call
     if abs(k - now) > now / 4:
         datamodule.use_steps_per_call(k)
-        trainer.lightning_module.steps_per_call = k
 
 
 class SharedStepCount(Callback):
@@ -264,10 +371,7 @@ class SharedStepCount(Callback):
     another under manual optimisation (K > 1); both are set to the count the checkpoint has.
     """
 
-    AUTOMATIC = "epoch_loop.automatic_optimization.optim_progress"
-    MANUAL = "epoch_loop.manual_optimization.optim_step_progress"
-
-    BATCHES = "epoch_loop.batch_progress"
+    AUTOMATIC, MANUAL, BATCHES = internals.AUTOMATIC_STEPS, internals.MANUAL_STEPS, internals.BATCHES
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -23,6 +23,9 @@ from project import EVAL_BATCH_SIZE
 from project.errors import DataError
 from project.training.plan import eval_batch_size
 from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
+
+if TYPE_CHECKING:
+    from project.training.steps_per_call import StepPlan
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -295,6 +298,11 @@ class TensorDataModule(L.LightningDataModule):
         if self._resume_at is not None:
             batches.resume(*self._resume_at)
         return batches
+
+    def use_steps(self, plan: StepPlan) -> None:
+        """Hand out batches as the run's steps take them: one per Lightning step, or groups of K (with the step
+        counts at which a group must end)."""
+        self.steps_per_call, self.grouped, self.group_ends_every = plan.steps.k, plan.grouped, plan.group_ends_every
 
     def use_steps_per_call(self, k: int) -> None:
         """Hand out groups of ``k`` batches from the next group on (``auto`` follows the run's step time)."""

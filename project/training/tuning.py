@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from project.config.schema import BASE_BATCH, RunConfig
+from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.reliability.run_files import run_dir
 from project.training.build import global_batch
@@ -48,8 +48,10 @@ def check_tuning(config: RunConfig, world_size: int) -> None:
         raise UsageError("--find-batch-size and --find-lr need real training steps; drop --fast-dev-run")
 
 
-def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig) -> RunConfig:
-    """Apply --find-batch-size, --find-lr and --scale-lr, in that order; return the config as trained.
+def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig,
+         base_batch: int) -> RunConfig:
+    """Apply --find-batch-size, --find-lr and --scale-lr (from ``base_batch``, the batch the default LR is for), in
+    that order; return the config as trained.
 
     The returned config holds the batch size and LR found, with the tuner flags off, so that
     ``--config`` of the saved ``config.yaml`` repeats the run without tuning again.
@@ -67,8 +69,8 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
             find_lr(tuner, model, datamodule, trainer)
     if not config.find_lr and config.scale_lr:
         batch = global_batch(trainer, datamodule.batch_size)
-        model.hparams.lr = config.lr * batch / BASE_BATCH
-        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {batch}/{BASE_BATCH} = {model.hparams.lr:g}")
+        model.hparams.lr = config.lr * batch / base_batch
+        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {batch}/{base_batch} = {model.hparams.lr:g}")
     return config.replace(batch_size=datamodule.batch_size, lr=model.hparams.lr, scale_lr=False, find_lr=False,
                           find_batch_size=False)
 

@@ -7,8 +7,7 @@ against a hand-written loop of the same network; swapped in as ``project/recipe/
 recipe like any other.
 """
 
-from project.config.validators import sizes_of
-from project.contract import Option, Recipe
+from project.api import Option, Recipe, sizes_of
 
 RECIPE = Recipe(
     name="blocks",

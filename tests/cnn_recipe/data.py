@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 
-from project.errors import DataError
-from project.training.tensor_data import TensorDataModule
+from project.api import DataError, TensorDataModule
 
 ROWS, COLUMNS = 2, 5  # the class is the cell of this grid the block sits in
 

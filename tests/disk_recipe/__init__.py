@@ -6,8 +6,7 @@ select it with ``PROJECT_RECIPE=tests.disk_recipe``; swapped in as ``project/rec
 user's recipe like any other.
 """
 
-from project.config.validators import sizes_of
-from project.contract import Option, Recipe
+from project.api import Option, Recipe, sizes_of
 
 RECIPE = Recipe(
     name="shapes",

@@ -8,8 +8,7 @@ import torch
 from PIL import Image
 from torchvision import datasets, transforms
 
-from project.errors import DataError
-from project.training.tensor_data import TensorDataModule
+from project.api import DataError, TensorDataModule
 
 CLASSES = ("bar", "column", "square")
 

@@ -6,8 +6,7 @@ states the settings it trains best with, and its option check enforces what the 
 channel counts), so a wrong count is one line, not a traceback.
 """
 
-from project.config.validators import sizes_of
-from project.contract import Option, Recipe
+from project.api import Option, Recipe, sizes_of
 
 RECIPE = Recipe(
     name="bars",

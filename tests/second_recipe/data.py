@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 
-from project.errors import DataError
-from project.training.tensor_data import TensorDataModule
+from project.api import DataError, TensorDataModule
 
 
 class BarsDataModule(TensorDataModule):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from project.training.classifier import ClassifierModule
+from project.api import ClassifierModule
 
 CLASSES = 4
 

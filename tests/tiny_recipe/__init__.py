@@ -4,8 +4,7 @@ It lives with the tests, so that swapping ``project/recipe/`` leaves the engine'
 are; the tests select it with ``PROJECT_RECIPE=tests.tiny_recipe`` (``tests/conftest.py``).
 """
 
-from project.config.validators import sizes
-from project.contract import Option, Recipe
+from project.api import Option, Recipe, sizes
 
 RECIPE = Recipe(
     name="tiny",

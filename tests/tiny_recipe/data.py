@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from project.errors import DataError
-from project.training.tensor_data import TensorDataModule
+from project.api import DataError, TensorDataModule
 
 MEAN, STD = 0.16, 0.3  # of the made-up images' pixels in [0, 1]
 

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from project.errors import CheckpointError
-from project.training.classifier import ClassifierModule
+from project.api import CheckpointError, ClassifierModule
 
 PIXELS, CLASSES = 28 * 28, 10
 

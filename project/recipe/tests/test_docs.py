@@ -28,21 +28,25 @@ import json, sys
 from pathlib import Path
 import yaml
 from project.config import cli
+from project.contract import installed_recipe
+recipe = installed_recipe()
 refused = {}
 for where, script, argv in json.loads(sys.argv[1]):
     for i, arg in enumerate(argv[:-1]):
         if arg == "--config" and "/" in argv[i + 1] and not Path(argv[i + 1]).exists():
             written = Path(argv[i + 1])  # a run's or a sweep's config.yaml: write one as a run would
             written.parent.mkdir(parents=True, exist_ok=True)
-            written.write_text(yaml.safe_dump(cli.parse_run_config([]).to_mapping()))
+            written.write_text(yaml.safe_dump(cli.parse_run_command(recipe, [])[0].to_mapping()))
     sys.argv = [script + ".py", *argv]
     try:
         if script == "train":
-            cli.parse_run_config(argv)
+            cli.parse_run_command(recipe, argv)
         elif script == "plot_scalars":
             cli.parse_plot_scalars_args(None, ())
-        else:
+        elif script in ("check_gpu", "check_recipe"):
             getattr(cli, f"parse_{script}_args")(None)
+        else:
+            getattr(cli, f"parse_{script}_args")(recipe, None)
     except SystemExit as stop:  # --help exits 0; a refused command exits 2 after its one line
         if stop.code != 0:
             refused[where] = f"scripts/{script}.py {' '.join(argv)}"

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torchvision import transforms
 
+from project.contract import load_recipe
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD
 from project.recipe.model import MLP, build_sequential, export_state_dict, hidden_sizes_of
 from project.results.evaluation import load_classifier
@@ -56,7 +57,8 @@ def test_exported_deeper_model_round_trips(tmp_path):
     path = tmp_path / "model.pth"
     torch.save(export_state_dict(model), path)
     assert hidden_sizes_of(torch.load(path, weights_only=True)) == (64, 32)
-    classifier = load_classifier(weights=str(path))  # takes normalised images, like the MLP
+    # takes normalised images, like the MLP
+    classifier = load_classifier(load_recipe("project.recipe"), weights=str(path))
     assert isinstance(classifier.network.network, nn.Sequential)  # the article's layout, fed normalised images
     assert len(classifier.network.network) == len(build_sequential((64, 32)))
     x = torch.randn(3, 1, 28, 28)

@@ -35,9 +35,10 @@ def test_the_recipes_defaults_are_the_default_run():
                                   "max_epochs")] == ["sgd", 0.2, 0.9, 5e-4, "onecycle", 256, 6]
 
 
-def test_the_sweep_space_is_checked_against_this_recipe():
-    read = ("from project.contract import recipe; from project.sweeps.study import load_space; "
-            "fixed, params = load_space(str(recipe().folder / 'sweep.yaml')); print(sorted(fixed), sorted(params))")
+def test_the_sweep_space_is_checked_against_this_installed_recipe():
+    read = ("from project.contract import installed_recipe; from project.sweeps.study import load_space; "
+            "r = installed_recipe(); fixed, params = load_space(str(r.folder / 'sweep.yaml'), r); "
+            "print(sorted(fixed), sorted(params))")
     done = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, **THIS_RECIPE})
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,108 @@
+"""Every private attribute of Lightning, torch and Optuna the project touches, in one place.
+
+Each is used for a reason its owner offers no public way to serve (named beside it), and each is
+listed in ``TOUCHED``: ``tests/test_internals.py`` checks every one on the installed versions and
+fails naming the attribute when an upgrade moves it. Nothing else in ``project/`` reaches past a
+public API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# (where, attribute): what tests/test_internals.py checks on the installed versions.
+TOUCHED = (
+    ("lightning _TrainingEpochLoop", "_batches_that_stepped"),
+    ("lightning _TrainingEpochLoop", "_should_check_val_fx"),
+    ("lightning _ManualOptimization", "optim_step_progress"),
+    ("lightning _FitLoop", "_data_fetcher"),
+    ("lightning Trainer", "_signal_connector"),
+    ("lightning _AcceleratorConnector", "_choose_auto_accelerator"),
+    ("lightning checkpoint loops", "epoch_loop.manual_optimization.optim_step_progress"),
+    ("lightning checkpoint loops", "epoch_loop.automatic_optimization.optim_progress"),
+    ("lightning checkpoint loops", "epoch_loop.batch_progress"),
+    ("torch SummaryWriter", "_get_file_writer"),
+    ("torch LRScheduler", "_step_count"),
+    ("torch GradScaler", "_scale"),
+    ("torch GradScaler", "_growth_tracker"),
+    ("torch", "_amp_update_scale_"),
+    ("torch", "_amp_foreach_non_finite_check_and_unscale_"),
+    ("torch", "_foreach_add"),
+    ("torch", "_foreach_add_"),
+    ("torch", "_foreach_mul"),
+    ("torch", "_foreach_mul_"),
+    ("torch", "_foreach_sub_"),
+    ("optuna FrozenTrial", "_trial_id"),
+)
+
+# Where a Lightning 2 checkpoint keeps the fit loop's counts (``checkpoint["loops"]["fit_loop"]``).
+AUTOMATIC_STEPS = "epoch_loop.automatic_optimization.optim_progress"
+MANUAL_STEPS = "epoch_loop.manual_optimization.optim_step_progress"
+BATCHES = "epoch_loop.batch_progress"
+
+# torch.optim's own multi-tensor kernels: an SGD step written with them is one graph-capturable launch per list.
+foreach_add = torch._foreach_add
+foreach_add_ = torch._foreach_add_
+foreach_mul = torch._foreach_mul
+foreach_mul_ = torch._foreach_mul_
+foreach_sub_ = torch._foreach_sub_
+# GradScaler's own kernels, for a loss scale kept on the device inside a captured step.
+amp_update_scale_ = torch._amp_update_scale_
+amp_unscale_ = torch._amp_foreach_non_finite_check_and_unscale_
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is rank 0: Lightning sets the rank on its decorator from the launcher's environment."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return int(getattr(rank_zero_only, "rank", 0)) == 0
+
+
+def count_logged_steps(trainer: Any, extra: int) -> None:
+    """Lightning numbers logged steps by its own steps; a step of K optimizer steps adds ``extra`` = K - 1."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped += extra
+
+
+def manual_step_progress(trainer: Any) -> Any:
+    """The optimizer-step counts Lightning keeps under manual optimisation (``trainer.global_step`` reads them)."""
+    return trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+
+
+def validation_due(trainer: Any) -> bool:
+    """Lightning's own rule for whether it validates after this training step (no public form)."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def stop_as_on_sigterm(trainer: Any) -> None:
+    """Lightning's own graceful stop: it raises ``SIGTERMException`` once this step's metrics are logged."""
+    trainer._signal_connector.received_sigterm = True
+
+
+def auto_accelerator() -> str:
+    """What Lightning resolves ``accelerator="auto"`` to on this machine."""
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    return str(_AcceleratorConnector._choose_auto_accelerator())
+
+
+def file_writer(summary_writer: Any) -> Any:
+    """A ``SummaryWriter``'s event-file writer: HPARAMS summaries go into the run's own event file through it."""
+    return summary_writer._get_file_writer()
+
+
+def count_scheduler_steps(scheduler: Any, steps: int) -> None:
+    """Count ``steps`` more scheduler steps, as stepping that often would (its warning on order reads it)."""
+    scheduler._step_count += steps
+
+
+def scaler_tensors(scaler: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``GradScaler``'s scale and growth tracker, which a captured step updates in place."""
+    return scaler._scale, scaler._growth_tracker
+
+
+def trial_id(trial: Any) -> int:
+    """An Optuna trial's key in its storage (the storage API takes it; the trial shows only its number)."""
+    return int(trial._trial_id)
