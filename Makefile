@@ -32,6 +32,8 @@ test-fast: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+	$(VENV)/bin/vulture
 
 benchmark: $(VENV)/.installed
 	$(PY) scripts/benchmark.py $(ARGS)

@@ -13,6 +13,7 @@ one ``Recipe``, with the engine settings it trains best with, and may hold ``con
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
@@ -80,8 +81,30 @@ class Recipe:
         """The recipe's example dataset in ``folder`` (for tests and first tries without the real data)."""
         if self.example_data is None:
             raise ValueError(f"recipe {self.name!r} names no example_data")
-        load_class(self.example_data, self.package)(folder, train, test, seed)
+        write = load_class(self.example_data, self.package)
+        try:
+            write(folder, train, test, seed)
+        except Exception as err:  # noqa: BLE001 - the recipe's own code can raise anything
+            raise RecipeError(f"recipe {self.package}: its example_data {self.example_data} (called as "
+                              f"f(folder, train, test, seed)) failed: {_one_line(err)}") from err
         return folder
+
+    def checked_option(self, name: str) -> Callable[[Any], Any]:
+        """Option ``name``'s check, whatever it raises said as the ValueError of a bad value: a check that fails
+        on its own (a TypeError, an IndexError) is one line naming it, not a traceback."""
+        check = self.options[name].check
+
+        @functools.wraps(check)
+        def checked(value: Any) -> Any:
+            try:
+                return check(value)
+            except ValueError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the recipe's own code can raise anything
+                raise ValueError(f"the recipe's check of --{name.replace('_', '-')} failed on {value!r}: "
+                                 f"{_one_line(err)}") from err
+
+        return checked
 
     @property
     def folder(self) -> Path:

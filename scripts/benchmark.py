@@ -29,6 +29,7 @@ def main(recipe: Recipe, args: argparse.Namespace) -> int:
         if args.example_data:
             if recipe.example_data is None:
                 raise UsageError(f"--example-data: the recipe {recipe.package} names no example_data")
+            args.val_size = 0.2 if args.val_size is None else args.val_size  # the example is small
             args.data_dir = str(recipe.write_example_data(Path(scratch), args.example_data,
                                                           max(args.example_data // 4, 1)))
         results = bench.run_all(recipe, args, Path(args.out))

@@ -99,9 +99,14 @@ def train(config: Any, **kwargs: Any) -> Any:
 
 def parse_run_config(argv: list[str]) -> Any:
     """``train.py``'s command line, for the tests' recipe: the run's ``RunConfig``."""
+    return parse_run_command_of(tiny_recipe(), argv)
+
+
+def parse_run_command_of(recipe: Any, argv: list[str]) -> Any:
+    """``train.py``'s command line for ``recipe``: the run's ``RunConfig``."""
     from project.config.cli import parse_run_command
 
-    return parse_run_command(tiny_recipe(), argv)[0]
+    return parse_run_command(recipe, argv)[0]
 
 
 def summary_value(output: str, key: str) -> str:

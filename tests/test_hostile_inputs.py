@@ -48,6 +48,19 @@ ATTEMPTS = {
                      "3", "--trainer.accumulate_grad_batches", "1000000000000"),
         "--trainer.accumulate_grad_batches 1000000000000: more than the 3 batches of an epoch", prepare=("data",)),
     "logger-named-twice": Attempt("train.py", ("--logger", "csv,csv"), "argument --logger: csv is named twice"),
+    "key-given-twice-in-a-file": Attempt("train.py", ("--config", "twice.yaml"),
+                                         "--config twice.yaml: 'lr' is given twice (line 3); keep one",
+                                         prepare=("yaml",)),
+    "val-size-beyond-the-data": Attempt("train.py", ("--data-dir", "data", "--val-size", "60000"),
+                                        "--val-size 60000: must leave both splits non-empty", prepare=("data",)),
+    # Devices: what the accelerator has, and processes the cores can run.
+    "devices-every-gpu-on-a-cpu": Attempt("train.py", ("--accelerator", "cpu", "--devices", "-1"),
+                                          "--devices -1 means every GPU; on cpu give a process count"),
+    "devices-far-beyond-the-cores": Attempt("train.py", ("--accelerator", "cpu", "--devices", "99"),
+                                            "--devices 99: 99 training processes on"),
+    # Nothing to do is not success.
+    "predict-an-empty-folder": Attempt("predict.py", ("empty", "--weights", "model.pth"),
+                                       "empty: no files in this folder", prepare=("empty", "weights")),
     # Every name that becomes a path: one plain folder name.
     "name-absolute": Attempt("train.py", ("--name", "/etc"), "argument --name: must be one plain folder name"),
     "name-escapes-the-logdir": Attempt("train.py", ("--name", "../escape"), "must be one plain folder name"),
@@ -72,7 +85,7 @@ ATTEMPTS = {
                                        "a libpq connection string, not a journal file's path", prepare=("data",)),
 }
 YAML = {"inf.yaml": "trainer:\n  limit_train_batches: .inf\n", "max-time.yaml": "trainer:\n  max_time: {days: -1}\n",
-        "name.yaml": "name: /etc\n"}
+        "name.yaml": "name: /etc\n", "twice.yaml": "lr: 0.1\nbatch_size: 32\nlr: 0.3\n"}
 
 
 def lay_out(folder: Path, prepare: tuple[str, ...]) -> None:
@@ -85,6 +98,14 @@ def lay_out(folder: Path, prepare: tuple[str, ...]) -> None:
         make_tiny_data(folder / "data")
     if "fifo" in prepare:
         os.mkfifo(folder / "fifo.journal")
+    if "empty" in prepare:
+        (folder / "empty").mkdir()
+    if "weights" in prepare:
+        import torch
+
+        from tests.tiny_recipe.model import LitTiny
+
+        torch.save(LitTiny().model.state_dict(), folder / "model.pth")
     if "fifo-run" in prepare or "deep-run" in prepare:
         run = folder / "lightning_logs" / "tiny" / "version_0"
         (run / "checkpoints").mkdir(parents=True)
@@ -236,3 +257,41 @@ def test_a_checkpoint_that_does_not_name_its_recipe_is_known_by_the_recipes_opti
     check_trained_by({"hyper_parameters": {"channels": [8, 16]}}, Path("own.ckpt"), second)
     check_trained_by({"hyper_parameters": {}, "run_record": {"module": "tests.second_recipe.model:LitCNN"}},
                      Path("own.ckpt"), second)
+
+
+def test_devices_are_what_the_accelerator_has_and_what_the_cores_can_run():
+    from project.config.schema import RunConfig
+    from project.hardware.devices import OVERSUBSCRIBED, cores, resolve_hardware
+
+    with pytest.raises(UsageError, match="--devices -1 means every GPU; on cpu give a process count"):
+        resolve_hardware(RunConfig(accelerator="cpu", devices=-1))
+    most = OVERSUBSCRIBED * cores()
+    assert resolve_hardware(RunConfig(accelerator="cpu", devices=most)).devices == most
+    with pytest.raises(UsageError, match=rf"--devices {most + 1}: {most + 1} training processes on {cores()} CPU "
+                                         rf"core\(s\) .* use at most {most}, or add --oversubscribe"):
+        resolve_hardware(RunConfig(accelerator="cpu", devices=most + 1))
+    assert resolve_hardware(RunConfig(accelerator="cpu", devices=most + 1, oversubscribe=True)).devices == most + 1
+
+
+def test_a_key_given_twice_is_refused_in_every_yaml_the_project_reads(tmp_path):
+    from helpers import tiny_recipe
+    from project.sweeps.study import load_space
+
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  lr: {type: float, low: 0.01, high: 0.3}\n  lr: {type: float, low: 0.1, high: 1}\n")
+    with pytest.raises(UsageError, match=r"space.yaml: 'lr' is given twice \(line 3\); keep one"):
+        load_space(space, tiny_recipe())
+    merged = tmp_path / "merged.yaml"  # YAML's merge key is not a repeated key
+    merged.write_text("base: &base {lr: 0.1}\nfixed:\n  <<: *base\nparams:\n  seed: {type: int, low: 0, high: 3}\n")
+    with pytest.raises(UsageError, match="unknown top-level key 'base'"):  # read, then refused for its own reason
+        load_space(merged, tiny_recipe())
+
+
+def test_a_validation_share_that_leaves_no_training_split_is_a_usage_error(tmp_path):
+    from helpers import tiny_config, tiny_recipe
+    from project.training.build import build_datamodule
+
+    data = build_datamodule(tiny_config(make_tiny_data(tmp_path), tmp_path, val_size=240), tiny_recipe())
+    with pytest.raises(UsageError, match="--val-size 240: must leave both splits non-empty, and the training set has "
+                                         "240 samples"):
+        data.setup("fit")

@@ -82,7 +82,7 @@ def test_shared_inputs_are_counted_bit_for_bit():
 def test_the_engines_recipe_passes_every_check(tmp_path):
     config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3)
     findings = check_recipe(config, tiny_recipe())
-    assert [f.check for f in findings] == ["inputs", "augment", "labels", "outputs", "statistics", "leakage",
+    assert [f.check for f in findings] == ["options", "inputs", "augment", "labels", "outputs", "statistics", "leakage",
                                            "eval determinism", "fits one batch", "learns"]
     assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)
 
@@ -92,7 +92,7 @@ def test_the_engines_recipe_passes_every_check(tmp_path):
 def test_the_example_recipes_pass_every_check(recipe):
     done = run_script("check_recipe.py", "--max-epochs", "3", env={"PROJECT_RECIPE": recipe})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "all 9 checks passed"
+    assert done.stdout.strip().splitlines()[-1] == "all 10 checks passed"
 
 
 def test_a_run_whose_recipe_declares_a_wrong_mean_is_refused_before_anything_is_written(tmp_path, monkeypatch):
@@ -122,3 +122,87 @@ def test_a_failing_check_is_one_line_and_exit_status_1(tmp_path):
     lines = done.stdout.strip().splitlines()
     assert lines[1].startswith("FAIL  data: the datamodule cannot load its data: ") and lines[-1] == \
         "1 of 1 checks failed"
+
+
+# Advice that is right: each cause of statistics that do not match named as itself, not as "declare these numbers".
+def findings_of(tmp_path, **replaced) -> dict[str, str | None]:
+    """The recipe checks (without the training ones) of the tests' recipe, its classes' methods replaced."""
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
+    return {f.check: f.problem for f in check_recipe(config, tiny_recipe(), learn=False)}
+
+
+@pytest.mark.parametrize(("held", "advice"), [
+    (lambda pixels: pixels, "the inputs it holds are pixels in [0, 1] (mean (0.16,) std (0.21,)), not normalised: "
+                            "normalise them with self.normalize"),
+    (lambda pixels: ((pixels - 0.16) / 0.3 - 0.16) / 0.3, "its inputs are normalised twice"),
+    (lambda pixels: pixels * 0, "TinyDataModule's training inputs are constant (pixel std (0.00,)"),
+], ids=["unnormalised", "normalised-twice", "constant"])
+def test_statistics_advice_names_the_cause(tmp_path, monkeypatch, held, advice):
+    from tests.tiny_recipe.data import TinyDataModule
+
+    def load_tensors(self, train):
+        pixels, labels = self._pixels(train)
+        return held(pixels), labels
+
+    monkeypatch.setattr(TinyDataModule, "load_tensors", load_tensors)
+    problem = findings_of(tmp_path)["statistics"]
+    assert problem is not None and advice in problem and "set mean" not in problem, problem
+    with pytest.raises(UsageError, match="statistics|normalis|constant"):  # and a run is refused with the same line
+        train(tiny_config(tmp_path / "data", tmp_path / "run", max_epochs=1))
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_card_tells_the_causes_apart_from_a_wrong_declaration():
+    right = card(held=((0.0,), (1.0,), (-1.5, 3.5)))
+    assert right.statistics_problem() is None
+    wrong = card(declared_mean=(0.70,), held=((-2.0,), (1.0,), (-3.5, 1.5)))
+    assert "set mean = (0.30,), std = (0.20,)" in wrong.statistics_problem()  # declared wrong: the numbers to declare
+    unnormalised = card(mean=(0.36,), std=(0.04,), pixel_range=(0.3, 0.5), held=((0.30,), (0.20,), (0.0, 1.0)))
+    assert "not normalised" in unnormalised.statistics_problem()
+    assert "constant" in card(std=(0.0,), held=((0.0,), (0.0,), (0.0, 0.0))).statistics_problem()
+
+
+@pytest.mark.parametrize(("forward", "advice"), [
+    (lambda self, x: torch.softmax(self.model(x), dim=1), "the network's outputs are probabilities"),
+    (lambda self, x: self.model(x) * float("nan"), "gives NaN or infinite outputs"),
+], ids=["softmax", "nan"])
+def test_outputs_advice_names_a_softmax_and_nan(tmp_path, monkeypatch, forward, advice):
+    from tests.tiny_recipe.model import LitTiny
+
+    monkeypatch.setattr(LitTiny, "forward", forward)
+    found = findings_of(tmp_path)
+    assert found["outputs"] is not None and advice in found["outputs"], found
+    assert found["eval determinism"] is None or "dropout" not in found["eval determinism"]
+
+
+def test_an_option_whose_check_fails_is_a_finding_and_one_line_on_the_command_line(tmp_path, capsys):
+    import dataclasses
+
+    from helpers import parse_run_command_of
+    from project.config.validators import sizes
+    from project.contract import Option
+
+    def broken(value):
+        return sizes(value)[5]  # IndexError: a bug in the recipe's check
+
+    recipe = dataclasses.replace(tiny_recipe(), options={"hidden": Option([128], broken, "widths")})
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
+    found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
+    assert found["options"].startswith("--hidden: its check refuses its own default '128': the recipe's check of "
+                                       "--hidden failed on [128]: IndexError: list index out of range")
+    with pytest.raises(SystemExit):
+        parse_run_command_of(recipe, ["--hidden", "8,16"])
+    assert capsys.readouterr().err.strip() == ("train.py: error: argument --hidden: the recipe's check of --hidden "
+                                               "failed on '8,16': IndexError: list index out of range "
+                                               f"({__file__}:{broken.__code__.co_firstlineno + 1})")
+
+
+def test_an_example_data_of_another_signature_is_one_line(tmp_path):
+    import dataclasses
+
+    from project.contract import RecipeError
+
+    recipe = dataclasses.replace(tiny_recipe(), example_data=".model:LitTiny")  # not f(folder, train, test, seed)
+    with pytest.raises(RecipeError, match=r"its example_data .model:LitTiny \(called as f\(folder, train, test, "
+                                          r"seed\)\) failed: TypeError"):
+        recipe.write_example_data(tmp_path)

@@ -173,10 +173,10 @@ class BenchData:
 def bench_data(recipe: Recipe, args: argparse.Namespace, device: torch.device) -> BenchData:
     """The recipe's training split (its first ``--limit`` samples) and test set, loaded once; per-sample data is read
     by the run's (or ``--num-workers``) DataLoader workers into pinned memory on a GPU."""
-    workers = {} if args.num_workers is None else {"num_workers": args.num_workers}
+    given = {name: getattr(args, name) for name in ("num_workers", "val_size") if getattr(args, name) is not None}
     config = RunConfig.for_recipe(recipe, data_dir=args.data_dir, batch_size=args.batch_size,
                                   accelerator=args.accelerator, precision=args.precision,
-                                  pin_memory=device.type == "cuda", **workers)
+                                  pin_memory=device.type == "cuda", **given)
 
     def datamodule(per_sample: bool | None = None) -> TensorDataModule:
         data = build_datamodule(config, recipe, per_sample)

@@ -74,7 +74,7 @@ def build_parser(recipe: Recipe, prog: str = "train.py") -> OneLineParser:
         whose = ", the recipe's" if name in recipe.defaults else ""
         shown = "" if default is None or default is False else f" (default: {_shown(default)}{whose})"
         options: dict[str, Any] = {"help": (spec.help + shown).strip() or None}
-        if spec.check in (flag, flag_or_auto):
+        if getattr(spec.check, "__wrapped__", spec.check) in (flag, flag_or_auto):
             options["action"] = argparse.BooleanOptionalAction
         else:
             options.update(type=argparse_type(spec.check), metavar=spec.metavar or name.upper())
@@ -236,6 +236,9 @@ def parse_benchmark_args(recipe: Recipe, description: str | None) -> argparse.Na
     data.add_argument("--example-data", type=count, metavar="N", help="the recipe's example data instead: N "
                       "training samples (and N/4 test) written to a temporary folder")
     parser.add_argument("--limit", type=count, help="train on only this many samples (smoke tests)")
+    parser.add_argument("--val-size", type=argparse_type(size_or_share), metavar="N|SHARE",
+                        help="samples (or a share) held out for validation (default: the recipe's; with "
+                             "--example-data, 0.2)")
     parser.add_argument("--num-workers", type=argparse_type(non_negative_int), metavar="N",
                         help="DataLoader workers of the per-sample rows (default: the run's)")
     parser.add_argument("--only", default="all", help="rows to run: all (but template-compile), or e.g. "

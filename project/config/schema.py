@@ -81,8 +81,10 @@ class RunConfig:
 
     # hardware
     accelerator: str = setting("auto", one_of(*ACCELERATORS), "auto, cpu, gpu/cuda, mps", "hardware")
-    devices: int | list[int] | str = setting(1, devices_spec, "count per node (2), all (-1), or indices "
-                                             "(0,1 or 1, for cuda:1)", "hardware")
+    devices: int | list[int] | str = setting(1, devices_spec, "count per node (2), every GPU (-1), or GPU "
+                                             "indices (0,1 or 1, for cuda:1)", "hardware")
+    oversubscribe: bool = setting(False, flag, "allow more CPU processes than twice the cores (--devices N on CPU)",
+                                  "hardware", saved=False)
     num_nodes: int = setting(1, positive_int, "machines taking part (multi-node DDP)", "hardware")
     strategy: str = setting("auto", text, "Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...", "hardware")
     precision: str = setting("32", one_of(*PRECISIONS), "32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true "
@@ -219,7 +221,8 @@ def settings_of(recipe: Recipe) -> dict[str, Setting]:
     for name, option in recipe.options.items():
         if name in found or name in ("options", "trainer", "config"):
             raise RecipeError(f"recipe {recipe.name!r}: options: {name!r} is already an engine setting; rename it")
-        found[name] = Setting(option.default, option.check, option.help, "model", metavar=option.metavar)
+        found[name] = Setting(option.default, recipe.checked_option(name), option.help, "model",
+                              metavar=option.metavar)
     return found
 
 
@@ -237,7 +240,9 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
         raise UsageError(f"{label}: {problem}")
     try:
         with open(path, encoding="utf-8") as stream:
-            document = yaml.safe_load(stream) or {}
+            document = yaml.load(stream, Loader=_unique_keys_loader()) or {}  # a SafeLoader
+    except DuplicateKey as err:
+        raise UsageError(f"{label}: {shown(err.key)} is given twice (line {err.line}); keep one") from None
     except OSError as err:
         raise UsageError(f"{label}: cannot read it ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -254,6 +259,33 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
 
 
 MAX_VALUES = 10_000  # far more than any config or search space holds; an alias bomb expands to billions
+
+
+class DuplicateKey(Exception):
+    """A mapping in a YAML file that gives one key twice: YAML's loaders keep the last silently."""
+
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys_loader() -> Any:
+    """PyYAML's ``SafeLoader``, refusing a key given twice in one mapping."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:  # the mapping's own keys: a merged one (<<) may be overridden
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
 
 
 def _expanded_size(value: Any, limit: int) -> int:

@@ -87,6 +87,13 @@ def validate_hardware(config: RunConfig) -> None:
             f"--devices {','.join(map(str, devices))}: device indices select GPUs; on {accelerator} give a "
             "process count instead, e.g. --devices 2"
         )
+    elif devices == -1:
+        raise UsageError(f"--devices -1 means every GPU; on {accelerator} give a process count instead, e.g. "
+                         "--devices 2")
+    elif accelerator == "cpu" and isinstance(devices, int) and devices > OVERSUBSCRIBED * cores() and \
+            not config.oversubscribe:
+        raise UsageError(f"--devices {devices}: {devices} training processes on {cores()} CPU core(s) would take "
+                         f"turns more than they train; use at most {OVERSUBSCRIBED * cores()}, or add --oversubscribe")
     if config.gpu_memory_fraction is not None and accelerator != "cuda":
         raise UsageError(
             f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
@@ -99,6 +106,14 @@ def validate_hardware(config: RunConfig) -> None:
             f"--num-nodes {config.num_nodes}: start one copy per machine with torchrun (--nnodes, --node-rank, "
             "--master-addr) or srun under SLURM; see the README's multi-node section"
         )
+
+
+OVERSUBSCRIBED = 2  # CPU processes per core beyond which a run is refused unless asked for (--oversubscribe)
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def expected_world_size(config: RunConfig) -> int:

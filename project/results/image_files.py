@@ -11,7 +11,7 @@ from typing import TypeVar
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from project.errors import ImageError, not_a_regular_file
+from project.errors import ImageError, UsageError, not_a_regular_file
 
 T = TypeVar("T")
 
@@ -86,11 +86,16 @@ def read_resized(path: str | os.PathLike, shape: tuple[int, ...], dark_backgroun
 
 
 def image_files(inputs: list[str]) -> list[Path]:
-    """Files named directly, plus every file in named directories (sorted, not recursive)."""
+    """Files named directly, plus every file in named directories (sorted, not recursive); a folder with no file in
+    it is one line (``UsageError``): nothing classified must not read as success."""
     files: list[Path] = []
     for item in map(Path, inputs):
         if item.is_dir():
-            files += sorted(p for p in item.iterdir() if p.is_file() and not p.name.startswith("."))
+            found = sorted(p for p in item.iterdir() if p.is_file() and not p.name.startswith("."))
+            if not found:
+                raise UsageError(f"{item}: no files in this folder (predict.py reads the files directly in it, not "
+                                 "in its subfolders)")
+            files += found
         else:
             files.append(item)
     return files

@@ -21,6 +21,7 @@ SAMPLED = 1000  # a recipe read per sample (files on disk): the card reads this 
 MEAN_TOLERANCE = 0.1  # pixel units ([0, 1]): declared and measured means further apart are a wrong declaration
 STD_RATIO = 1.5  # a declared std more than this factor off the measured one, likewise
 RANGE_TOLERANCE = 0.02  # pixel units: inputs measured outside [0, 1] by more were not normalised as declared
+CONSTANT_STD = 1e-6  # pixel units: a channel whose std is below it holds one value in every input
 LEAKAGE_SHARE = 0.01  # test inputs also in the training split, as a share of the test set, past which it fails
 
 
@@ -45,6 +46,9 @@ class DataCard:
     declared_std: tuple[float, ...]
     duplicates: int  # test inputs that also occur in the training split
     sampled: int | None = None  # per-sample recipes: samples read from each split
+    # In-memory recipes: the training inputs as the datamodule holds them (normalised, if it normalises as declared):
+    # their mean, std and (lowest, highest) value. None where the recipe reads pixels per sample.
+    held: tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]] | None = None
 
     def line(self) -> str:
         sizes = " / ".join(f"{count:,} {name}" for name, count in self.sizes.items())
@@ -71,12 +75,21 @@ class DataCard:
         return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
 
     def statistics_problem(self) -> str | None:
+        """What is wrong with the declared statistics, told apart by cause: constant inputs, inputs left
+        unnormalised, normalised twice, normalised with other numbers, or simply declared wrong."""
         far_mean = any(abs(m - d) > MEAN_TOLERANCE for m, d in zip(self.mean, self.declared_mean, strict=False))
         far_std = any(not (1 / STD_RATIO <= d / max(s, 1e-8) <= STD_RATIO)
                       for s, d in zip(self.std, self.declared_std, strict=False))
         declared = f"{self.recipe} declares mean {fmt_values(self.declared_mean)} std {fmt_values(self.declared_std)}"
         measured_mean, measured_std = fmt_values(self.mean), fmt_values(self.std)
         low, high = self.pixel_range
+        if any(s < CONSTANT_STD for s in self.std):
+            return (f"{self.recipe}'s training inputs are constant (pixel std {measured_std}, mean {measured_mean}): "
+                    "every input holds the same values (all-zero images, or a failed read); fix the data before "
+                    "declaring statistics")
+        cause = self._misapplied_normalisation(far_mean or far_std)
+        if cause:
+            return f"{declared}, but {cause}"
         if low < -RANGE_TOLERANCE or high > 1 + RANGE_TOLERANCE:
             return (f"{declared}, but with that normalisation undone the training inputs range over [{low:.2f}, "
                     f"{high:.2f}], not pixels in [0, 1]: its inputs are normalised with other numbers than it declares "
@@ -89,6 +102,30 @@ class DataCard:
         return (f"{declared}, but the training split's pixels measure mean {measured_mean} std {measured_std}: set "
                 f"mean = {measured_mean}, std = {measured_std} in the datamodule (normalisation and predict's "
                 "polarity follow them)")
+
+    def _misapplied_normalisation(self, off: bool) -> str | None:
+        """Inputs held unnormalised, or normalised twice: then the measured numbers are a moving target, and the
+        fix is in the code, not in the declaration."""
+        identity = all(abs(m) < 0.05 for m in self.declared_mean) and all(abs(s - 1) < 0.05 for s in self.declared_std)
+        if self.held is None or identity:
+            return None
+        held_mean, held_std, (held_low, held_high) = self.held
+        if off and -RANGE_TOLERANCE <= held_low and held_high <= 1 + RANGE_TOLERANCE:
+            return (f"the inputs it holds are pixels in [0, 1] (mean {fmt_values(held_mean)} std "
+                    f"{fmt_values(held_std)}), not normalised: normalise them with self.normalize, which uses the "
+                    "declared mean and std")
+        dm = self.declared_mean * (len(self.mean) // max(len(self.declared_mean), 1))
+        ds = self.declared_std * (len(self.std) // max(len(self.declared_std), 1))
+        low, high = self.pixel_range
+        twice_mean = [m * s + d for m, s, d in zip(self.mean, ds, dm, strict=False)]
+        twice_std = [v * s for v, s in zip(self.std, ds, strict=False)]
+        twice_low, twice_high = low * min(ds) + min(dm), high * max(ds) + max(dm)
+        matches = all(abs(m - d) <= MEAN_TOLERANCE for m, d in zip(twice_mean, dm, strict=False)) and \
+            all(1 / STD_RATIO <= d / max(s, 1e-8) <= STD_RATIO for s, d in zip(twice_std, ds, strict=False))
+        if matches and -RANGE_TOLERANCE <= twice_low and twice_high <= 1 + RANGE_TOLERANCE:
+            return ("its inputs are normalised twice (undone twice, they are pixels with the declared statistics): "
+                    "normalise once, in load_tensors with self.normalize or in the augment, not both")
+        return None
 
     def leakage_problem(self) -> str | None:
         share = self.duplicates / max(1, self.sizes["test"] if not self.sampled else min(self.sampled,
@@ -128,8 +165,18 @@ def gather(datamodule: TensorDataModule, split: Dataset, limit: int | None = SAM
     return Split(inputs, torch.as_tensor([int(y) for _, y in items]), False, len(picked) < size)
 
 
-def pixel_statistics(datamodule: TensorDataModule,
-                     split: Split) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]]:
+Statistics = tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]]  # per-channel mean, std; lowest, highest
+
+
+def held_statistics(datamodule: TensorDataModule, split: Split) -> Statistics:
+    """A split's inputs as the datamodule holds them: per-channel mean and std, lowest and highest value."""
+    inputs = split.inputs.float().reshape(len(split.inputs), *datamodule.input_shape)
+    dims = [d for d in range(inputs.dim()) if d != 1]
+    var, mean = torch.var_mean(inputs, dim=dims)
+    return tuple(mean.tolist()), tuple(var.sqrt().tolist()), (inputs.min().item(), inputs.max().item())
+
+
+def pixel_statistics(datamodule: TensorDataModule, split: Split) -> Statistics:
     """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range over all channels: normalised
     inputs measured as they are, then the declared normalisation undone on the numbers (not on every pixel). Inputs
     normalised with other numbers than the declared ones come out of ``[0, 1]``: their statistics would only echo
@@ -167,6 +214,7 @@ def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
     train, test = gather(datamodule, datamodule.train_set), gather(datamodule, datamodule.test_set)
     mean, std, pixel_range = pixel_statistics(datamodule, train)
+    held = held_statistics(datamodule, train) if train.normalised else None
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
     return DataCard(
@@ -175,7 +223,7 @@ def data_card(datamodule: TensorDataModule) -> DataCard:
         input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes,
         class_counts=counts.tolist(), mean=mean, std=std, pixel_range=pixel_range, declared_mean=tuple(datamodule.mean),
         declared_std=tuple(datamodule.std), duplicates=shared_inputs(train.inputs, test.inputs),
-        sampled=SAMPLED if train.sampled or test.sampled else None)
+        sampled=SAMPLED if train.sampled or test.sampled else None, held=held)
 
 
 def announce(card: DataCard) -> None:

@@ -55,8 +55,9 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
     except DataError as err:
         return [Finding("data", "", f"the datamodule cannot load its data: {err}")]
     subject = Subject(datamodule, lambda: build_model(config, recipe), config, recipe)
-    checks: list[Callable[[Subject], Finding]] = [check_inputs, check_augment, check_labels, check_outputs,
-                                                  check_statistics, check_leakage, check_eval_determinism]
+    checks: list[Callable[[Subject], Finding]] = [check_options, check_inputs, check_augment, check_labels,
+                                                  check_outputs, check_statistics, check_leakage,
+                                                  check_eval_determinism]
     if learn:
         checks += [check_fits_one_batch, check_learns]
     for check in checks:
@@ -119,6 +120,24 @@ def check_augment(subject: Subject) -> Finding:
     return Finding("augment", "keeps shape and dtype; draws only from its generator")
 
 
+def check_options(subject: Subject) -> Finding:
+    """Each of the recipe's options checks its own default, as a value and as the flag's text: a check that fails
+    there fails every ``train.py --OPTION`` too."""
+    recipe = subject.recipe
+    for name, option in recipe.options.items():
+        flag = f"--{name.replace('_', '-')}"
+        text = ",".join(map(str, option.default)) if isinstance(option.default, (list, tuple)) else \
+            str(option.default)
+        try:
+            value, typed = recipe.checked_option(name)(option.default), recipe.checked_option(name)(text)
+        except ValueError as err:
+            return Finding("options", "", f"{flag}: its check refuses its own default {text!r}: {err}")
+        if value != typed:
+            return Finding("options", "", f"{flag}: its check gives {value!r} for its default but {typed!r} for the "
+                           f"same typed on the command line ({flag} {text})")
+    return Finding("options", f"{len(recipe.options)} option(s), each checking its own default")
+
+
 def check_labels(subject: Subject) -> Finding:
     datamodule, classes = subject.datamodule, subject.datamodule.num_classes
     for name in ("train_set", "test_set"):
@@ -141,14 +160,28 @@ def check_labels(subject: Subject) -> Finding:
 
 def check_outputs(subject: Subject) -> Finding:
     model = subject.new_model().eval()
-    inputs, _ = _samples(subject.datamodule, 2)
+    inputs, _ = _samples(subject.datamodule, 8)
     with torch.no_grad():
         out = model(inputs)
     classes = subject.datamodule.num_classes
     if tuple(out.shape) != (len(inputs), classes):
         return Finding("outputs", "", f"the network gives outputs of shape {tuple(out.shape)} for {len(inputs)} "
                        f"inputs, but the datamodule has {classes} classes: make its last layer {classes} wide")
+    if not bool(torch.isfinite(out).all()):
+        return Finding("outputs", "", "the freshly built network gives NaN or infinite outputs on training inputs: "
+                       "a division by zero, a log of 0 or an uninitialised weight in its forward")
+    if probabilities(out):
+        return Finding("outputs", "", "the network's outputs are probabilities (each row in [0, 1], summing to 1: a "
+                       "softmax in its forward): the loss needs logits (cross_entropy applies log_softmax itself) or "
+                       "log-probabilities (nll_loss); drop the softmax, or end with log_softmax")
     return Finding("outputs", f"{classes} outputs per input")
+
+
+def probabilities(outputs: torch.Tensor) -> bool:
+    """Rows that are probability distributions: what a softmax returns (logits and log-probabilities are not)."""
+    outputs = outputs.float()
+    return bool((outputs >= 0).all() and (outputs <= 1).all() and
+                torch.allclose(outputs.sum(1), torch.ones(len(outputs)), atol=1e-3))
 
 
 def check_statistics(subject: Subject) -> Finding:
@@ -171,6 +204,9 @@ def check_eval_determinism(subject: Subject) -> Finding:
     model.eval()
     with torch.no_grad():
         first, second, alone = model(inputs), model(inputs), model(inputs[:1])
+    if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
+        return Finding("eval determinism", "", "in eval mode the network gives NaN or infinite outputs (a division "
+                       "by zero, a log of 0, or weights a training step made non-finite)")
     if not torch.equal(first, second):
         return Finding("eval determinism", "", "in eval mode two passes over the same inputs differ: something "
                        "random stays on (dropout called with training=True?); use nn.Dropout, which eval() turns off")

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
 
 from project import EVAL_BATCH_SIZE
-from project.errors import DataError
+from project.errors import DataError, UsageError
 from project.training.plan import eval_batch_size
 from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
@@ -230,7 +230,8 @@ class TensorDataModule(L.LightningDataModule):
         size = self.val_size
         count = round(size * total) if isinstance(size, float) and size < 1 else int(size)
         if not 0 < count < total:
-            raise DataError(f"val_size {size} must leave both splits non-empty: the training set has {total} samples")
+            raise UsageError(f"--val-size {size}: must leave both splits non-empty, and the training set has {total} "
+                             "samples; give fewer, or a share such as 0.1")
         return count
 
     def setup(self, stage: str | None = None) -> None:

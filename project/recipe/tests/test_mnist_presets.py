@@ -44,3 +44,12 @@ def test_the_sweep_space_is_checked_against_this_installed_recipe():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['scheduler']", "['batch_size',", "'hidden',", "'lr',", "'max_epochs',",
                                    "'momentum',", "'optimizer',", "'weight_decay']"]
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_on_a_small_example_of_this_recipe(tmp_path):
+    """The recipe holds 5,000 images out for validation; its example data of a few hundred takes a share instead."""
+    done = run_script("benchmark.py", "--example-data", "400", "--epochs", "1", "--only", "hand", "--out",
+                      str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "| hand-written tensor loop |" in done.stdout

@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""How much a reader must read: the engine's lines (``project/`` less the recipe), and the project's files one
+default training run imports (``python -X importtime scripts/train.py --fast-dev-run`` on the recipe's example data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def engine_lines() -> tuple[int, int]:
+    """Lines and files of ``project/**/*.py``, the recipe left out."""
+    files = [p for p in (ROOT / "project").rglob("*.py") if "recipe" not in p.relative_to(ROOT / "project").parts[:1]]
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files), len(files)
+
+
+def files_a_run_imports() -> list[str]:
+    """The project's modules a default ``train.py --fast-dev-run`` imports, in import order."""
+    with tempfile.TemporaryDirectory(prefix="engine-size-") as scratch:
+        write = ("import sys, pathlib; from project.contract import installed_recipe; "
+                 "installed_recipe().write_example_data(pathlib.Path(sys.argv[1]))")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-c", write, scratch], check=True, env=env, cwd=ROOT)
+        done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "train.py"), "--fast-dev-run",
+                               "--data-dir", scratch, "--val-size", "0.2", "--logdir",
+                               str(Path(scratch) / "logs")],
+                              capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")] or ["?"]
+        raise SystemExit(f"engine_size.py: error: the run failed: {said[-1]}")
+    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(project(?:\.\w+)*)\s*$", done.stderr, re.MULTILINE)
+    return list(dict.fromkeys(name for name in names if not name.startswith("project.recipe")))
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    lines, files = engine_lines()
+    print(f"engine: {lines} lines in {files} files (project/ less project/recipe/)")
+    imported = files_a_run_imports()
+    print(f"a default run imports {len(imported)} of the engine's files: {' '.join(imported)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
