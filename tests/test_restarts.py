@@ -285,14 +285,65 @@ def test_a_full_disk_at_the_start_is_one_line_and_writes_nothing(data, small_dis
 def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(data, small_disk, reference):
     done = fill_at(data, small_disk, "step-25")
     assert done.returncode == 1
-    assert only_line(done.stderr) == ("train.py: error: cannot write the run's files (No space left on device); the "
-                                      "newest complete checkpoint is kept: free space and continue with --resume last")
     run = small_disk / "logs" / "tiny" / "version_0"
+    assert only_line(done.stderr) == (f"train.py: error: cannot write the run's files (No space left on device); "
+                                      f"{run / 'checkpoints' / 'last.ckpt'} is kept: free space and continue with "
+                                      "--resume last")
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 24
     assert not list(run.rglob(".*.tmp"))
     (small_disk / "filler").unlink()
     train(tiny_config(data, small_disk / "logs", **SETTINGS, resume="last"))
     assert_same_run(outcome(run), reference)
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_the_first_checkpoint_says_there_is_none(data, small_disk):
+    done = fill_at(data, small_disk, "step-1")
+    assert done.returncode == 1
+    assert only_line(done.stderr).endswith("(No space left on device); no checkpoint was written yet, nothing to "
+                                           "resume: free space and start the run again")
+    assert not list((small_disk / "logs").rglob("last.ckpt"))
+
+
+def test_a_failed_write_says_what_is_on_disk_and_its_cause(tmp_path):
+    import errno
+
+    from project.training.run import failed_write
+
+    full, too_large = OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EFBIG, "File too large")
+    assert failed_write(full, tmp_path) == ("cannot write the run's files (No space left on device); no checkpoint was "
+                                           "written yet, nothing to resume: free space and start the run again")
+    assert failed_write(too_large, None).endswith("raise the file size limit (ulimit -f) and start the run again")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"kept")
+    assert failed_write(full, tmp_path).endswith(f"{tmp_path / 'checkpoints' / 'last.ckpt'} is kept: free space and "
+                                                 "continue with --resume last")
+    assert failed_write(too_large, tmp_path, kept="the test metrics are above").endswith(
+        "the test metrics are above: raise the file size limit (ulimit -f) and continue with --resume last")
+
+
+def test_a_checkpoint_past_the_file_size_limit_is_said_as_such(tmp_path):
+    code = ("import resource, sys, torch; from project.reliability.checkpointing import atomic_save; "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY)); "
+            "atomic_save({'w': torch.zeros(100_000)}, sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.ckpt")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert "OSError: [Errno 27] File too large: this process may write files of at most 65,536 bytes" in done.stderr
+    assert not list(tmp_path.iterdir())  # no partial file left
+
+
+def test_resume_auto_starting_again_leaves_no_checkpoint_of_the_attempt_before(tmp_path):
+    from project.config.schema import RunConfig
+    from project.reliability import runs
+    from project.reliability.run_files import claim_run_folder
+
+    folder = tmp_path / "tiny" / "job_7"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "best-epoch00-acc0.5000.ckpt").write_bytes(b"the attempt's, never resumed")
+    (folder / "checkpoints" / ".last.ckpt.x1.tmp").write_bytes(b"cut")
+    claim_run_folder(RunConfig(logdir=str(tmp_path), name="tiny", run_version="job_7", resume="auto"))
+    runs.release_all()
+    assert list((folder / "checkpoints").iterdir()) == []
 
 
 @pytest.mark.slow

@@ -21,8 +21,9 @@ def raw_folder(data_dir: Path) -> Path:
 
 
 def missing_files(data_dir: Path) -> list[str]:
+    """The files not there at all (a link that leads nowhere is there: the check names it)."""
     folder = raw_folder(data_dir)
-    return [name for name in RAW_FILES if not (folder / name).exists()]
+    return [name for name in RAW_FILES if not (folder / name).exists() and not (folder / name).is_symlink()]
 
 
 def ensure_mnist(data_dir: Path, download: bool) -> None:

@@ -20,6 +20,20 @@ from project.contract import RECIPE_VARIABLE, Recipe
 from project.errors import CheckpointError, NonFiniteLossError, not_a_regular_file
 
 
+def write_error(err: RuntimeError, path: Path, written: int) -> OSError:
+    """torch's own word for a failed write (after ``written`` bytes), as the ``OSError`` it stands for: a file size
+    limit (``ulimit -f``) that the file reached, a full disk, or another failure."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and written + (1 << 16) >= limit:
+        return OSError(errno.EFBIG, f"File too large: this process may write files of at most {limit:,} bytes",
+                       str(path))
+    if shutil.disk_usage(path.parent).free < (1 << 20):
+        return OSError(errno.ENOSPC, "No space left on device", str(path))
+    return OSError(errno.EIO, f"write failed ({str(err).splitlines()[0][:80]})", str(path))
+
+
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``.
 
@@ -36,12 +50,11 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except RuntimeError as err:  # torch's zip writer says a failed write its own way ("unexpected pos ...")
+        written = Path(temporary).stat().st_size if Path(temporary).exists() else 0
         Path(temporary).unlink(missing_ok=True)
         if "write" not in str(err) and "unexpected pos" not in str(err):
             raise
-        full = shutil.disk_usage(path.parent).free < (1 << 20)
-        raise OSError(errno.ENOSPC if full else errno.EIO, "No space left on device" if full else
-                      f"write failed ({str(err).splitlines()[0][:80]})", str(path)) from None
+        raise write_error(err, path, written) from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -117,15 +117,19 @@ def claim_run_folder(config: RunConfig, resuming: bool = False) -> RunConfig:
 
 
 def start_over_in(folder: Path) -> None:
-    """``--resume auto`` of a folder with no checkpoint: a finished run (one without checkpoints) is left alone, in
-    one line; one that was stopped before its first checkpoint (the same job, requeued) starts again there, its
-    logs cleared."""
+    """``--resume auto`` of a folder with no ``last.ckpt``: a finished run (one without checkpoints) is left alone, in
+    one line; one that ended before its first ``last.ckpt`` (the same job, requeued, or a disk that filled) starts
+    again there: its logs cleared, and the best checkpoints of the attempt removed, which the new one would
+    otherwise find beside its own."""
     from project.errors import NothingToDo
 
     done = finished_results(folder)
     if done is not None:
         raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', float('nan')):.4f}, weights "
                           f"{done['weights']}); nothing to resume, nothing written")
+    for stale in sorted((folder / "checkpoints").glob("*.ckpt")):
+        stale.unlink()
+    remove_partial_files(folder)
     roll_back_logs(folder, 0)
 
 

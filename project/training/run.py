@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sys
@@ -210,7 +211,7 @@ def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | 
             log_run_text(trainer, config)
             log_card(trainer, plan.card)
             config_file = folder.save_config(config) if folder is not None else None
-            with reported_failures():
+            with reported_failures(folder.path if folder is not None else None):
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
                 metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
             stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
@@ -263,7 +264,7 @@ def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, sign
     if on_tested is not None:
         on_tested(result.test_metrics)
     signals.check("after the test (its metrics are above); model.pth is not written yet: continue with --resume last")
-    with reported_failures("the test metrics are above and in results.json"):
+    with reported_failures(result.run_dir, kept="the test metrics are above and in results.json"):
         write_outputs(trainer, model, result)
     if signals.received is not None:
         print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the run is "
@@ -333,9 +334,9 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
 
 
 @contextmanager
-def reported_failures(kept: str = "the newest complete checkpoint is kept") -> Iterator[None]:
-    """Turn the failures a user causes or expects into one-line errors with a non-zero exit (``kept``: what
-    survives a failed write, for its message).
+def reported_failures(run_folder: Path | None = None, kept: str | None = None) -> Iterator[None]:
+    """Turn the failures a user causes or expects into one-line errors with a non-zero exit (``run_folder``: where a
+    failed write says what it kept; ``kept``: what survives it, where that is not a checkpoint).
 
     Lightning exits with status 0 on SIGTERM, which schedulers and scripts would read as success.
     """
@@ -353,9 +354,7 @@ def reported_failures(kept: str = "the newest complete checkpoint is kept") -> I
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM") from None
     except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
-        where = f" {err.filename}" if err.filename else " the run's files"
-        raise UserError(f"cannot write{where} ({err.strerror or err}); {kept}: free space and continue with "
-                        "--resume last") from None
+        raise UserError(failed_write(err, run_folder, kept)) from None
     except torch.OutOfMemoryError as err:
         first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
         raise UserError(
@@ -366,6 +365,19 @@ def reported_failures(kept: str = "the newest complete checkpoint is kept") -> I
             raise
         raise UserError("another process of this DDP job failed (its error is above), so this one stopped too; "
                         "the newest checkpoint is kept") from None
+
+
+def failed_write(err: OSError, run_folder: Path | None, kept: str | None = None) -> str:
+    """A write that failed, said as it is: its cause (a full disk, a file size limit), what is on disk now, and the
+    way on from there."""
+    where = f" {err.filename}" if err.filename else " the run's files"
+    fix = "raise the file size limit (ulimit -f)" if err.errno == errno.EFBIG else "free space"
+    last = run_folder / "checkpoints" / "last.ckpt" if run_folder is not None else None
+    if kept is None and (last is None or not last.is_file()):
+        return (f"cannot write{where} ({err.strerror or err}); no checkpoint was written yet, nothing to resume: "
+                f"{fix} and start the run again")
+    return f"cannot write{where} ({err.strerror or err}); {kept or f'{last} is kept'}: {fix} and continue with " \
+           "--resume last"
 
 
 def _raised_by_lightning(err: BaseException) -> bool:

@@ -116,6 +116,12 @@ def _missing(data):
     raw(data, TRAIN_LABELS).unlink()
 
 
+def _link_loop(data):
+    path = raw(data, TRAIN_LABELS)
+    path.unlink()
+    path.symlink_to(path)
+
+
 def _bad_label(data):
     write_idx(raw(data, TRAIN_LABELS), np.full(240, 12, dtype=np.uint8))
 
@@ -128,6 +134,7 @@ BAD_FILES = {
     "wrong image size": (_wrong_size, "images are 32x32, expected 28x28"),
     "directory": (_directory, f"{TRAIN_IMAGES}: is a directory, not a file"),
     "missing": (_missing, "MNIST not found in"),
+    "link loop": (_link_loop, f"{TRAIN_LABELS}: a symbolic link that leads nowhere"),
     "label out of range": (_bad_label, "label 12 is not a digit 0-9"),
 }
 
