@@ -15,12 +15,12 @@ MASK = "***"
 # The userinfo's password: greedy up to the last '@' of the word, so a raw '@' inside the password is masked too.
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*):(?P<password>\S*)@")
 # A key that names a credential, in a query string (?k=v&k=v) or a DSN (k=v k='v w'); a bare value ends before the
-# ': ' or '.' of the sentence it stands in.
+# ':', '.' or ')' of the sentence it stands in, and holds any of them inside.
 _SECRET_KEY = (r"[A-Za-z0-9_.\-]*(?:passw(?:or)?d|passphrase|passfile|secret|token|credential|api_?key|private_?key)"
                r"[A-Za-z0-9_.\-]*|pwd|pass")
 _KEY_VALUE = re.compile(
     rf"(?P<key>(?<![A-Za-z0-9_.\-])(?:{_SECRET_KEY}))(?P<sep>\s*=\s*|%3[Dd])"
-    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&;,'\"`|)]*[^\s&;,'\"`|):.])",
+    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&;,'\"`|]*[^\s&;,'\"`|):.])",
     re.IGNORECASE,
 )
 

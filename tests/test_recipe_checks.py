@@ -28,7 +28,7 @@ def test_the_card_says_what_a_run_trains_on():
 
 @pytest.mark.parametrize(("declared_mean", "declared_std", "wrong"), [
     ((0.70,), (0.20,), True), ((0.38,), (0.20,), False), ((0.30,), (0.40,), True), ((0.30,), (0.25,), False),
-    ((0.30, 0.30), (0.20, 0.20), True)])
+    ((0.30,), (0.10,), True), ((0.30,), (0.15,), False), ((0.30, 0.30), (0.20, 0.20), True)])
 def test_statistics_declared_far_from_the_data_are_a_problem(declared_mean, declared_std, wrong):
     problem = card(declared_mean=declared_mean, declared_std=declared_std).statistics_problem()
     assert (problem is not None) == wrong, problem
@@ -206,3 +206,20 @@ def test_an_example_data_of_another_signature_is_one_line(tmp_path):
     with pytest.raises(RecipeError, match=r"its example_data .model:LitTiny \(called as f\(folder, train, test, "
                                           r"seed\)\) failed: TypeError"):
         recipe.write_example_data(tmp_path)
+
+
+def test_a_label_equal_to_num_classes_fails_the_labels_check_of_a_recipe_read_from_files(tmp_path):
+    """Class folders read per sample: one folder too many gives label num_classes, one past the last class."""
+    import shutil
+
+    from project.api import RunConfig, load_recipe
+    from tests.disk_recipe.data import write_shapes
+
+    recipe = load_recipe("tests.disk_recipe")
+    data = write_shapes(tmp_path / "data", train=60, test=15)
+    extra = data / "shapes" / "train" / "zzz"  # ImageFolder numbers the folders in order: this one is class 3 of 3
+    extra.mkdir()
+    shutil.copy(next((data / "shapes" / "train" / "bar").iterdir()), extra / "0000.png")
+    config = RunConfig.for_recipe(recipe, data_dir=str(data), logdir=str(tmp_path / "logs"), batch_size=16)
+    found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
+    assert found["labels"] is not None and "label 3, outside [0, 3)" in found["labels"], found

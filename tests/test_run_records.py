@@ -1,0 +1,69 @@
+"""A run's record, at both places that keep it: when it started (a resume keeps it), how it ended (a stop, a crash
+or a refusal, each as itself), and what stays on disk (only a refused run's empty folder goes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+
+from helpers import make_tiny_data, tiny_config, train
+from project.config.schema import RunConfig
+from project.errors import Terminated, UsageError
+from project.reliability import runs
+from project.reliability.run_folder import RunFolder
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_tiny_data(tmp_path / "data")
+
+
+def record(folder: Path) -> dict:
+    return json.loads((folder / "run.json").read_text())
+
+
+def test_a_resume_keeps_when_its_run_started_so_the_newest_run_stays_the_newest(tmp_path):
+    older, newer = tmp_path / "tiny" / "version_0", tmp_path / "tiny" / "version_1"
+    for folder, started in ((older, 1000.0), (newer, 2000.0)):
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"state": "stopped", "started": started}))
+    runs.start_record(older, {}, resumed=True)  # the older run resumed: it is still the older one
+    assert record(older)["started"] == 1000.0 and record(older)["state"] == "running"
+    assert [run.folder.name for run in RunFolder.listed(str(tmp_path), "tiny")] == ["version_1", "version_0"]
+    runs.start_record(newer, {}, resumed=False)  # a new run in a folder starts its own clock
+    assert record(newer)["started"] > 2000.0
+
+
+@pytest.mark.parametrize(("raised", "state", "kept"), [
+    (KeyboardInterrupt(), "stopped", True),
+    (Terminated("stopped by SIGTERM"), "stopped", True),
+    (RuntimeError("the recipe's forward failed"), "failed", True),
+    (UsageError("Lightning refused a setting"), None, False),
+], ids=["ctrl-c", "sigterm", "crash", "refused"])
+def test_how_a_run_ended_is_recorded_and_only_a_refused_run_leaves_no_folder(tmp_path, raised, state, kept):
+    config = RunConfig(logdir=str(tmp_path), name="tiny")
+    with pytest.raises(type(raised)):
+        with RunFolder.opened(config, resuming=False) as (folder, _):
+            folder.save_config(config)  # what a run has written before its first checkpoint
+            raise raised
+    run = tmp_path / "tiny" / "version_0"
+    assert run.exists() == kept
+    if kept:
+        assert record(run)["state"] == state and (run / "config.yaml").is_file()
+        assert record(run)["error"] == ("the recipe's forward failed" if state == "failed" else None)
+
+
+def test_a_run_that_crashes_before_its_first_checkpoint_keeps_its_folder_record_and_logs(data, tmp_path):
+    class Crash(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            raise RuntimeError("boom at the first step")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tiny_config(data, tmp_path / "logs", max_epochs=1), callbacks=[Crash()])
+    run = tmp_path / "logs" / "tiny" / "version_0"
+    assert record(run)["state"] == "failed" and record(run)["error"] == "boom at the first step"
+    assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
+    assert [r.describe() for r in RunFolder.listed(str(tmp_path / "logs"), "tiny")][0].startswith("failed")
