@@ -74,6 +74,19 @@ def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) ->
                       timeout=timeout)
 
 
+class FakeClock:
+    """A clock that moves only when told: what the measurements must find, at any machine speed."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
 def tiny_recipe() -> Any:
     """The engine's tests' recipe, ``tests/tiny_recipe``, as a value (what ``PROJECT_RECIPE`` names for scripts)."""
     from project.contract import load_recipe

@@ -341,7 +341,7 @@ MUTANTS = (
            "project/results/evaluation.py", "loss.update(nn.functional.nll_loss(log_probs, y), weight=len(y))",
            "loss.update(nn.functional.nll_loss(log_probs, y))",
            ("tests/test_measures.py::test_evaluates_test_loss_is_the_mean_over_samples_whatever_the_batches",)),
-    Mutant("ctrl-c-recorded-as-failed", "a KeyboardInterrupt that ends a run records it as stopped",
+    Mutant("keyboard-interrupt-recorded-as-failed", "a KeyboardInterrupt that ends a run records it as stopped",
            "project/reliability/runs.py", "    elif isinstance(error, (Terminated, KeyboardInterrupt)):",
            "    elif isinstance(error, Terminated):",
            ("tests/test_run_records.py::test_how_a_run_ended_is_recorded_and_only_a_refused_run_leaves_no_folder",)),

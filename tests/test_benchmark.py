@@ -5,22 +5,10 @@ import json
 import pytest
 import torch
 
-from helpers import make_tiny_data, one_line_error, run_script
+from helpers import FakeClock, make_tiny_data, one_line_error, run_script
 
 CNN = {"PROJECT_RECIPE": "tests.cnn_recipe"}
 
-
-class FakeClock:
-    """A clock that moves only when told: what the measurements must find, at any machine speed."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 class SlowSamples(torch.utils.data.Dataset):

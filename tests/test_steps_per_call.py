@@ -5,7 +5,15 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, event_accumulator, make_tiny_data, tiny_config, tiny_recipe, train
+from helpers import (
+    FakeClock,
+    assert_same_training_state,
+    event_accumulator,
+    make_tiny_data,
+    tiny_config,
+    tiny_recipe,
+    train,
+)
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.build import build_model
@@ -168,7 +176,7 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
     config = tiny_config(shared_tiny_data, Path("unused"), batch_size=16)
     datamodule = build_datamodule(config, tiny_recipe())
     datamodule.setup("fit")
-    seen, calls = [], []
+    seen, calls, clock = [], [], FakeClock()  # the step's time is told, not met: any machine speed
 
     def new_model(config):
         return build_model(config, tiny_recipe())
@@ -178,17 +186,20 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
     def batch_loss(module, batch):
         seen.append(tuple(batch[0].shape))
         calls.append(None)
-        if len(calls) <= 4:  # the first steps meet a busy machine
-            time.sleep(0.05)
+        clock.advance(0.05 if len(calls) <= 4 else 0.002)  # the first steps meet a busy machine
         return real_batch_loss(module, batch)
 
     monkeypatch.setattr(LitTiny, "batch_loss", batch_loss)
-    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2)
-    assert quick < 0.02 and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
-    monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
+    quick = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2,
+                                                clock=clock)
+    assert quick == pytest.approx(0.002) and seen[0] == (16, 1, 28, 28)  # the run's batch, through the recipe's step
+    monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (clock.advance(0.05), real_batch_loss(
         module, batch))[1])
-    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2)
-    assert slow >= 0.05
+    slow = steps_per_call.measure_step_seconds(config, datamodule, torch.device("cpu"), new_model, budget_s=0.2,
+                                               clock=clock)
+    assert slow == pytest.approx(0.05)
+    monkeypatch.setattr(LitTiny, "batch_loss", lambda module, batch: (time.sleep(0.05), real_batch_loss(
+        module, batch))[1])  # a real 50 ms: any machine is at least that slow
     chosen = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule,
                                    new_model)
     # 50 ms of math: Lightning's 1 ms is 2 % of it, not worth grouping

@@ -216,7 +216,8 @@ def lightnings_own_steps() -> Stepper:
 
 
 def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device,
-                         new_model: Callable[[RunConfig], Any], budget_s: float = 0.3, most: int = 200) -> float:
+                         new_model: Callable[[RunConfig], Any], budget_s: float = 0.3, most: int = 200,
+                         clock: Callable[[], float] = time.perf_counter) -> float:
     """Time of one training step of the run itself: the recipe's model and loss (``batch_loss``), on a batch
     of its training data at its batch size, backward and an optimizer step, on its device and precision.
 
@@ -231,7 +232,7 @@ def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.devic
     dtype = torch.float16 if device.type == "cuda" and str(config.precision).startswith("16") else torch.bfloat16
 
     def timed() -> float:
-        started = time.perf_counter()
+        started = clock()
         with torch.autocast(device.type, dtype=dtype, enabled=mixed):
             loss = module.batch_loss(batch)
         optimizer.zero_grad(set_to_none=True)
@@ -239,12 +240,12 @@ def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.devic
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - started
+        return clock() - started
 
     timed()  # warm-up: allocations, kernel selection
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < 5 or (time.perf_counter() < deadline and len(times) < most):
+    deadline = clock() + budget_s
+    while len(times) < 5 or (clock() < deadline and len(times) < most):
         times.append(timed())
     return min(times)
 

@@ -1,0 +1,28 @@
+"""``tests/mutants.py`` stays usable as the code moves: each mutant has its own name, an original found exactly once
+where it says, and tests that exist (a mutant whose edit no longer applies would prove nothing)."""
+
+import re
+
+from helpers import ROOT
+from mutants import MUTANTS
+
+
+def test_each_mutant_has_its_own_name():
+    names = [m.name for m in MUTANTS]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_each_mutants_edit_applies_where_it_says():
+    misplaced = [m.name for m in MUTANTS if (ROOT / m.file).read_text(encoding="utf-8").count(m.original) != 1]
+    assert misplaced == []
+
+
+def test_each_mutants_tests_exist():
+    missing = []
+    for mutant in MUTANTS:
+        for node in mutant.tests:
+            path, _, name = node.partition("::")
+            function = re.sub(r"\[.*\]$", "", name)
+            if f"def {function}(" not in (ROOT / path).read_text(encoding="utf-8"):
+                missing.append(f"{mutant.name}: {node}")
+    assert missing == []
