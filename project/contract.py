@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from project.errors import UsageError
+from project.errors import UsageError, first_line
 
 RECIPE_VARIABLE = "PROJECT_RECIPE"
 DEFAULT_RECIPE = "project.recipe"
@@ -148,7 +148,7 @@ def _one_line(err: BaseException) -> str:
     else:
         frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")]
         place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-    message = (str(err).strip().splitlines() or [""])[0] if not isinstance(err, SyntaxError) else err.msg
+    message = first_line(err) if not isinstance(err, SyntaxError) else err.msg
     return f"{type(err).__name__}: {message} ({place})"
 
 

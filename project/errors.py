@@ -57,6 +57,17 @@ class ImageError(UserError):
     """A file the recipe cannot read as an input (not an image, unreadable, nothing in it)."""
 
 
+ONE_LINE = 200  # characters of an error's message that a one-line report quotes
+
+
+def first_line(err: BaseException | str, limit: int = ONE_LINE) -> str:
+    """The first line of an error's message, at most ``limit`` characters; its type's name when it says nothing."""
+    text = str(err).strip()
+    if not text:
+        return type(err).__name__ if isinstance(err, BaseException) else ""
+    return text.splitlines()[0][:limit]
+
+
 def not_a_regular_file(path: Path) -> str | None:
     """Why ``path`` cannot be read as a file, where something is there: a folder, a link to nothing, or a pipe or
     device whose read would block for good. None for a regular file, or for nothing at all (each reader says

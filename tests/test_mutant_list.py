@@ -3,8 +3,9 @@ where it says, and tests that exist (a mutant whose edit no longer applies would
 
 import re
 
-from helpers import ROOT
 from mutants import MUTANTS
+
+from helpers import ROOT
 
 
 def test_each_mutant_has_its_own_name():

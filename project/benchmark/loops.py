@@ -31,6 +31,7 @@ from project.hardware.cuda_graphs import StepMode
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, RunsFirst
 from project.training.classifier import optimizer_and_schedule
+from project.training.plan import batches_of
 from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
@@ -161,7 +162,7 @@ class BenchData:
 
     def steps(self, epochs: int, batch_size: int) -> int:
         """Optimizer steps in ``epochs`` epochs of these samples."""
-        return epochs * -(-len(self.train) // batch_size)
+        return epochs * batches_of(len(self.train), batch_size)
 
     def optimizer(self, network: nn.Module, total_steps: int, device: torch.device) -> tuple[Any, Any]:
         """The run's default optimizer and schedule (what the template trains with), over ``total_steps``."""

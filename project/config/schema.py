@@ -37,7 +37,7 @@ from project.config.validators import (
     top_k,
 )
 from project.contract import Recipe, RecipeError
-from project.errors import UsageError, not_a_regular_file
+from project.errors import UsageError, first_line, not_a_regular_file
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
@@ -248,7 +248,7 @@ def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to
     except UnicodeDecodeError:
         raise UsageError(f"{label}: not UTF-8 text (save it as UTF-8)") from None
     except yaml.YAMLError as err:
-        raise UsageError(f"{label}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise UsageError(f"{label}: not valid YAML ({first_line(err)})") from None
     except RecursionError:
         raise UsageError(f"{label}: nested too deeply to be a config file") from None
     if not isinstance(document, dict):

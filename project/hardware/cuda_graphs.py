@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from project.config.schema import RunConfig
-from project.errors import UsageError
+from project.errors import UsageError, first_line
 from project.hardware.device_step import DeviceStep, NotCapturable, RunningAccuracy
 
 WARM_UP_STEPS = 3  # on a side stream before capture, as PyTorch's graph capture requires
@@ -149,7 +149,7 @@ class StepRunner:
                 pass  # the failed capture's own error, already in hand
             self.graph = None
             program.restore(saved)
-            self._off(_first_line(err))
+            self._off(first_line(err))
             return False
         program.restore(saved)
         self.counting = updated
@@ -241,8 +241,4 @@ def _captured(step: Any, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
         graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
     return graph
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 

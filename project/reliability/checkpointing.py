@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project import internals
 from project.contract import RECIPE_VARIABLE, Recipe
-from project.errors import CheckpointError, NonFiniteLossError, not_a_regular_file
+from project.errors import CheckpointError, NonFiniteLossError, first_line, not_a_regular_file
 
 
 def write_error(err: RuntimeError, path: Path, written: int) -> OSError:
@@ -31,7 +31,7 @@ def write_error(err: RuntimeError, path: Path, written: int) -> OSError:
                        str(path))
     if shutil.disk_usage(path.parent).free < (1 << 20):
         return OSError(errno.ENOSPC, "No space left on device", str(path))
-    return OSError(errno.EIO, f"write failed ({str(err).splitlines()[0][:80]})", str(path))
+    return OSError(errno.EIO, f"write failed ({first_line(err)})", str(path))
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -244,7 +244,7 @@ def _reason(text: str, err: Exception) -> str:
         return "unreadable pickle data"
     if "PytorchStreamReader" in text or "zip archive" in text:
         return "damaged or truncated archive"
-    return text.splitlines()[0][:100] if text else type(err).__name__
+    return first_line(err)
 
 
 def data_position(checkpoint: dict[str, Any]) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from project.config.trainer_args import changes_the_default
-from project.errors import UsageError, one_field
+from project.errors import UsageError, first_line, one_field
 from project.reliability.records import LIMITS, RUN_RECORD, DamagedRecord, read_results, read_run_record
 from project.secrets import redact_values
 
@@ -129,7 +129,7 @@ def end_record(folder: Path, error: BaseException | None) -> None:
     elif isinstance(error, (Terminated, KeyboardInterrupt)):
         state = {"state": "stopped", "error": None}
     else:
-        state = {"state": "failed", "error": (str(error).strip().splitlines() or [type(error).__name__])[0][:300]}
+        state = {"state": "failed", "error": first_line(error)}
     try:
         write_record(folder, **state)
     except (OSError, DamagedRecord):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from project.errors import UsageError
+from project.errors import UsageError, first_line
 
 
 def export_program(network: nn.Module, input_shape: tuple[int, ...]) -> torch.export.ExportedProgram:
@@ -21,8 +21,7 @@ def export_program(network: nn.Module, input_shape: tuple[int, ...]) -> torch.ex
     try:
         return torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     except Exception as err:  # noqa: BLE001 - torch.export fails in many ways; each means the same here
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise UsageError(f"--export-pt2: torch.export cannot export {type(network).__name__} ({first}); "
+        raise UsageError(f"--export-pt2: torch.export cannot export {type(network).__name__} ({first_line(err)}); "
                          "drop --export-pt2 or make the network exportable") from None
 
 

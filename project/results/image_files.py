@@ -11,7 +11,7 @@ from typing import TypeVar
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from project.errors import ImageError, UsageError, not_a_regular_file
+from project.errors import ImageError, UsageError, first_line, not_a_regular_file
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ def with_image(path: str | os.PathLike, use: Callable[[Image.Image], T]) -> T:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError(f"too large to decode (more than {Image.MAX_IMAGE_PIXELS:,} pixels)") from None
     except (OSError, SyntaxError, ValueError) as err:
-        raise ImageError(f"cannot decode the image ({str(err).splitlines()[0][:100] or type(err).__name__})") from None
+        raise ImageError(f"cannot decode the image ({first_line(err)})") from None
 
 
 def eight_bit(image: Image.Image) -> Image.Image:

@@ -11,6 +11,7 @@ import yaml
 
 from project.config.schema import resolve_config
 from project.contract import Recipe
+from project.errors import first_line
 from project.results.figures import pyplot
 from project.secrets import redact, redact_values
 
@@ -55,7 +56,7 @@ def _plots(study: optuna.Study, folder: Path) -> list[str]:
         try:
             axes = plot(study)
         except (ValueError, RuntimeError) as err:  # e.g. importance needs two completed trials
-            written.append(f"{name} plot skipped: {str(err).splitlines()[0]}")
+            written.append(f"{name} plot skipped: {first_line(err)}")
             continue
         figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
         figure.set_size_inches(8, 4.5)

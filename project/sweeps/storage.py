@@ -23,7 +23,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from project.errors import UsageError, not_a_regular_file
+from project.errors import UsageError, first_line, not_a_regular_file
 from project.internals import trial_id
 from project.secrets import redact
 
@@ -118,9 +118,9 @@ def _rdb(url: str, heartbeat: int, shown: str) -> RDBStorage:
                 return RDBStorage(url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
                                   heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=RETRIES))
         except Exception as err:  # noqa: BLE001 - SQLAlchemy and the drivers raise many kinds
-            message = re.sub(r"^\([\w.]+\) ", "", str(err).splitlines()[0] if str(err) else type(err).__name__)
+            message = re.sub(r"^\([\w.]+\) ", "", first_line(err))
             if attempt == 3 or not any(word in message for word in ("already exists", "duplicate key")):
-                raise UsageError(f"--storage {describe(shown)}: cannot open it ({message[:160]})") from None
+                raise UsageError(f"--storage {describe(shown)}: cannot open it ({message})") from None
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
 

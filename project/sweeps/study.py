@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from project.config.schema import RunConfig, Setting, load_yaml, resolve_config, settings_of
 from project.config.validators import shown
 from project.contract import Recipe
-from project.errors import NonFiniteLossError, Terminated, UsageError, UserError
+from project.errors import NonFiniteLossError, Terminated, UsageError, UserError, first_line
 from project.hardware.devices import expected_world_size
 from project.reliability.run_folder import RunFolder
 from project.sweeps.storage import (
@@ -166,7 +166,7 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     try:
         study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
     except (ValueError, KeyError, TypeError) as err:  # a journal cut short or written over by something else
-        raise UsageError(f"--storage {describe(args.storage)}: cannot read the study from it ({_first(err)}); "
+        raise UsageError(f"--storage {describe(args.storage)}: cannot read the study from it ({first_line(err)}); "
                          "use another journal file, or repair this one") from None
     check_same_space(study, params, args.study_name)
     leftover = sorted(p.name for p in (folder / "trials").glob("trial_*")) if (folder / "trials").is_dir() else []
@@ -183,10 +183,6 @@ def check_same_space(study: optuna.Study, params: dict[str, dict[str, Any]], nam
     if before and before != set(params):
         raise UsageError(f"--study-name {name}: its trials searched {', '.join(sorted(before))}; this space searches "
                          f"{', '.join(sorted(params))}: choose another --study-name for another space")
-
-
-def _first(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage | str, pruner: str, sampler_seed: int | None,
@@ -215,7 +211,7 @@ def run_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, object
     try:
         study.optimize(objective, n_trials=n_trials, callbacks=[recover])
     except (SQLAlchemyError, UnboundLocalError) as err:  # Optuna hides a lost connection as UnboundLocalError
-        raise UserError(f"the study's storage stopped answering ({_first(err)}); the trials that ended are in it: "
+        raise UserError(f"the study's storage stopped answering ({first_line(err)}); the trials that ended are in it: "
                         "run the same command again once it is back") from None
 
 

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from project.config.schema import LOGGERS, RunConfig
 from project.config.validators import names_from
 from project.contract import Recipe
-from project.errors import UsageError
+from project.errors import UsageError, first_line
 from project.internals import file_writer
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.slurm import cluster_plugins
@@ -63,7 +63,7 @@ def build_model(config: RunConfig, recipe: Recipe, stepper: Stepper | None = Non
         if "alloc" not in str(err) and "out of memory" not in str(err):
             raise
         asked = re.search(r"allocate (\d+) bytes", str(err))
-        size = f"{int(asked.group(1)) / 2**30:,.1f} GiB for one tensor" if asked else str(err).splitlines()[0][:90]
+        size = f"{int(asked.group(1)) / 2**30:,.1f} GiB for one tensor" if asked else first_line(err)
         options = ", ".join(f"--{name.replace('_', '-')} {_listed(value)}" for name, value in config.options.items())
         raise UsageError(f"the model does not fit in memory ({size}); choose smaller options ({options})") from None
     if stepper is not None:

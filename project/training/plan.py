@@ -14,10 +14,15 @@ from project.config.schema import RunConfig
 from project.errors import UsageError
 
 
+def batches_of(samples: int, batch_size: int) -> int:
+    """Batches that hold ``samples``, the last one partial: an epoch's steps, a rank's share of a split, ..."""
+    return -(-samples // batch_size)
+
+
 def train_batches(config: RunConfig, train_size: int, world_size: int) -> int:
     """Training batches per epoch on each rank, after ``limit_train_batches``."""
-    per_rank = -(-train_size // world_size)  # the distributed sampler pads every rank to the same length
-    batches = -(-per_rank // config.batch_size)
+    per_rank = batches_of(train_size, world_size)  # the distributed sampler pads every rank to the same length
+    batches = batches_of(per_rank, config.batch_size)
     limit = config.trainer.get("limit_train_batches")
     if isinstance(limit, int) and not isinstance(limit, bool):
         return min(batches, limit)
@@ -37,7 +42,7 @@ def planned_steps(config: RunConfig, train_size: int, world_size: int) -> int:
     if accumulate > batches:  # Lightning divides each loss by it: an epoch's only step would barely move
         raise UsageError(f"--trainer.accumulate_grad_batches {accumulate}: more than the {batches} batches of an "
                          f"epoch, whose one step would see their loss divided by {accumulate}; use at most {batches}")
-    steps = -(-batches // accumulate) * config.max_epochs
+    steps = batches_of(batches, accumulate) * config.max_epochs
     max_steps = trainer.get("max_steps", -1)
     return min(steps, max_steps) if max_steps not in (None, -1) else steps
 
@@ -50,8 +55,8 @@ def eval_batch_size(batch_size: int, limit: float | int, stage: str, split_size:
     """
     if not isinstance(limit, float) or limit >= 1.0:
         return batch_size
-    shard = -(-split_size // world_size)
-    if limit * -(-shard // batch_size) >= 1:
+    shard = batches_of(split_size, world_size)
+    if limit * batches_of(shard, batch_size) >= 1:
         return batch_size
     smaller = max(1, int(limit * shard))
     rank_zero_info(f"limit_{stage}_batches={limit}: {stage} batches of {smaller} images (not {batch_size}), so the "

@@ -16,7 +16,7 @@ import torch
 
 from project.config.schema import RunConfig
 from project.contract import Recipe
-from project.errors import DataError, UserError
+from project.errors import DataError, UserError, first_line
 from project.training.data_card import data_card, fmt_values, gather, unaugmented
 from project.training.tensor_data import TensorDataModule, TensorPairs
 
@@ -67,7 +67,7 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
         except UserError as err:  # the engine refused what the check asked of it: that is the finding
             subject.found.append(Finding(name, "", str(err)))
         except Exception as err:  # noqa: BLE001 - a broken recipe can raise anything; said in one line
-            first = (str(err).strip().splitlines() or [""])[0][:200]
+            first = first_line(err)
             failed = [f.check for f in subject.found if f.problem]
             hint = f" (after {', '.join(failed)} failed: fix that first)" if failed else ""
             subject.found.append(Finding(name, "", f"the recipe raised {type(err).__name__}: {first}{hint}"))

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 
 from project.config.schema import RunConfig, settings_of
 from project.contract import Recipe
-from project.errors import Terminated, UsageError, UserError
+from project.errors import Terminated, UsageError, UserError, first_line
 from project.hardware.cuda_graphs import StepMode
 from project.hardware.devices import (
     expected_world_size,
@@ -346,17 +346,17 @@ def reported_failures(run_folder: Path | None = None, kept: str | None = None) -
     try:
         yield
     except MisconfigurationException as err:  # Lightning's word on a setting (often a --trainer. one)
-        raise UsageError(str(err).strip().splitlines()[0]) from None
+        raise UsageError(first_line(err)) from None
     except ValueError as err:
         if not _raised_by_lightning(err):
             raise
-        raise UsageError(str(err).strip().splitlines()[0]) from None  # Lightning checking a setting as it runs
+        raise UsageError(first_line(err)) from None  # Lightning checking a setting as it runs
     except SIGTERMException:
         raise Terminated("stopped by SIGTERM") from None
     except OSError as err:  # a full disk, a folder that went away: while writing a checkpoint or the outputs
         raise UserError(failed_write(err, run_folder, kept)) from None
     except torch.OutOfMemoryError as err:
-        first = str(err).splitlines()[0][:160] if str(err) else "CUDA out of memory"
+        first = first_line(err) if str(err) else "CUDA out of memory"
         raise UserError(
             f"{first}; lower --batch-size, try --precision 16-mixed, or raise --gpu-memory-fraction"
         ) from None

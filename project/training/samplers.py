@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Sequence, Sized
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler
 
+from project.training.plan import batches_of
+
 
 class EpochShuffleSampler(RandomSampler):
     """A shuffle whose order depends only on ``seed`` and the epoch Lightning sets (one process;
@@ -82,7 +84,7 @@ class EpochBatches(Sampler[torch.Tensor]):
         self._resume_at = (epoch, samples_done)
 
     def __len__(self) -> int:
-        return -(-self.size // self.batch_size)
+        return batches_of(self.size, self.batch_size)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         epoch, step = self.position()

@@ -32,6 +32,7 @@ from project.errors import UsageError
 from project.hardware.cuda_graphs import StepMode, StepRunner, capture_plan
 from project.hardware.device_step import advance_schedule
 from project.training.callbacks import LoggedLossBar
+from project.training.plan import batches_of
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
@@ -127,7 +128,7 @@ def plan_steps(config: RunConfig, datamodule: Any, new_model: Callable[[RunConfi
     from project.hardware.devices import expected_world_size, resolve_accelerator
 
     world_size = expected_world_size(config)
-    shard = -(-datamodule.train_size() // world_size)  # a batch never holds more than a rank's share
+    shard = batches_of(datamodule.train_size(), world_size)  # a batch never holds more than a rank's share
     steps = choose_steps_per_call(config.replace(batch_size=min(config.batch_size, shard)), world_size,
                                   torch.device(resolve_accelerator(config.accelerator)), datamodule, new_model)
     if resumed_k is not None and steps.k == resumed_k:
@@ -396,7 +397,7 @@ class SharedStepCount(Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if not automatic or position is None or self.BATCHES not in loops or datamodule is None:
             return
-        steps_done = -(-int(position["samples_done"]) // datamodule.batch_size)
+        steps_done = batches_of(int(position["samples_done"]), datamodule.batch_size)
         progress = loops[self.BATCHES]
         shift = steps_done - progress["current"]["ready"]
         for counts in (progress["current"], progress["total"]):

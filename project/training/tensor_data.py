@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
 
 from project import EVAL_BATCH_SIZE
 from project.errors import DataError, UsageError
-from project.training.plan import eval_batch_size
+from project.training.plan import batches_of, eval_batch_size
 from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class TensorDataModule(L.LightningDataModule):
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch on one process (the last batch may be partial)."""
-        return -(-len(self.train_set) // self.batch_size)
+        return batches_of(len(self.train_set), self.batch_size)
 
     def train_size(self) -> int:
         """Samples in the training split (the training set less the validation split)."""

@@ -16,6 +16,7 @@ from project.errors import UsageError
 from project.reliability.run_files import run_dir
 from project.training.build import global_batch
 from project.training.classifier import ClassifierModule
+from project.training.plan import batches_of
 from project.training.tensor_data import TensorDataModule
 
 FINDER_TRIALS = 6  # doublings the batch-size finder tries
@@ -119,7 +120,7 @@ def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, t
     turns up, not the steepest-slope point (which sits far below a good one-cycle peak)."""
     # The test sweeps min_lr to max_lr over its steps; a small dataset must not end it at the run's epochs.
     epochs = trainer.fit_loop.max_epochs
-    steps_per_epoch = -(-datamodule.train_size() // datamodule.batch_size)
+    steps_per_epoch = batches_of(datamodule.train_size(), datamodule.batch_size)
     trainer.fit_loop.max_epochs = max(epochs or 1, RANGE_TEST_STEPS // steps_per_epoch + 1)
     try:
         finder = tuner.lr_find(model, datamodule=datamodule, min_lr=1e-4, max_lr=10.0, num_training=RANGE_TEST_STEPS,
