@@ -75,8 +75,29 @@ class RunFolder:
         if self.path.is_dir() and not (self.path / "checkpoints").exists():
             shutil.rmtree(self.path, ignore_errors=True)
 
+    @classmethod
+    def of(cls, trainer: Any) -> RunFolder:
+        """The folder a Trainer's loggers write into (its checkpoints, model.pth, config.yaml, results.json)."""
+        return cls(run_files.run_dir(trainer))
+
+    @staticmethod
+    def check_outputs_writable(config: Any) -> None:
+        """An unwritable or full log folder, a taken ``--run-version`` or a bad export path: one line now, before
+        the run trains."""
+        run_files.check_outputs_writable(config)
+
     def save_config(self, config: Any) -> Path:
         return run_files.save_config(self.path, config)
+
+    @staticmethod
+    def log_settings(trainer: Any, config: Any) -> None:
+        """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
+        run_files.log_run_text(trainer, config)
+
+    @staticmethod
+    def log_hparams_with_results(trainer: Any, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
+        """TensorBoard's HPARAMS tab: every setting of the run with its real best and test accuracy."""
+        run_files.log_hparams_with_results(trainer, hparams, metrics)
 
     def write_results(self, results: dict[str, Any]) -> Path:
         path = self.path / "results.json"

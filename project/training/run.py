@@ -30,12 +30,6 @@ from project.hardware.devices import (
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.ddp_faults import DdpJobEnd
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
-from project.reliability.run_files import (
-    check_outputs_writable,
-    log_hparams_with_results,
-    log_run_text,
-    run_dir,
-)
 from project.reliability.run_folder import RunFolder
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.results.export import check_exportable, save_program
@@ -49,7 +43,7 @@ from project.training.build import (
 from project.training.callbacks import EpochStats
 from project.training.console import quiet_known_warnings
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
-from project.training.plan import planned_steps, train_batches
+from project.training.plan import planned_steps
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule
 from project.training.tuning import tune
@@ -179,11 +173,11 @@ def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | N
     train_size, world_size = datamodule.train_size(), expected_world_size(config)
     if test:
         datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
-    train_batches(config, train_size, world_size)  # settings that would train on nothing: refused now
+    steps = planned_steps(config, train_size, world_size)  # settings that would train on nothing: refused now
     card = checked_data_card(datamodule)  # statistics declared wrong: refused now
-    resume = checkpoint_to_resume(config, recipe, planned_steps(config, train_size, world_size), world_size)
+    resume = checkpoint_to_resume(config, recipe, steps, world_size)
     config = continue_in_its_folder(config, resume)
-    check_outputs_writable(config)
+    RunFolder.check_outputs_writable(config)
     stepper = Stepper(plan_steps(config, datamodule, lambda trial: build_model(trial, recipe),
                                  resume.auto_steps_per_call() if resume else None))
     datamodule.use_steps(stepper.plan)
@@ -208,7 +202,7 @@ def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | 
         try:
             config = record.config = tune(trainer, model, datamodule, config,
                                           base_batch=settings_of(recipe)["batch_size"].default)
-            log_run_text(trainer, config)
+            RunFolder.log_settings(trainer, config)
             log_card(trainer, plan.card)
             config_file = folder.save_config(config) if folder is not None else None
             with reported_failures(folder.path if folder is not None else None):
@@ -259,7 +253,7 @@ def close_loggers(trainer: L.Trainer) -> None:
 def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,
            on_tested: Callable[[dict[str, float]], None] | None) -> None:
     """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
-    result.run_dir = run_dir(trainer)
+    result.run_dir = RunFolder.of(trainer).path
     RunFolder(result.run_dir).write_results(result.record())
     if on_tested is not None:
         on_tested(result.test_metrics)
@@ -305,8 +299,9 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
     last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
     best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
     last_path = last.best_model_path if last else None
-    if last and not last_path and (run_dir(trainer) / "checkpoints" / "last.ckpt").is_file():
-        last_path = str(run_dir(trainer) / "checkpoints" / "last.ckpt")  # ddp_spawn keeps it in the workers
+    kept = RunFolder.of(trainer).last_checkpoint
+    if last and not last_path and kept is not None:
+        last_path = str(kept)  # ddp_spawn keeps it in the workers
     best_path = best.best_model_path if best and best.best_model_path else None
     score = best.best_model_score if best_path else None
     if best_path and score is None:  # ddp_spawn: the workers hand back the best path but not its score
@@ -321,7 +316,7 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
 def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:
     """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
-    result.run_dir = run_dir(trainer)
+    result.run_dir = RunFolder.of(trainer).path
     result.weights, result.weights_kind = model.export_weights(config.export or result.run_dir / "model.pth")
     if config.export_pt2:
         network, result.program_input = model.portable_network()
@@ -329,7 +324,8 @@ def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResul
     settings = {key: value for key, value in config.to_mapping().items() if key != "trainer"}
     trainer_args = {f"trainer.{key}": value for key, value in config.trainer.items()}
     hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}
-    log_hparams_with_results(trainer, hparams, ("val/acc_best", *(("test/acc",) if result.test_metrics else ())))
+    metrics = ("val/acc_best", *(("test/acc",) if result.test_metrics else ()))
+    RunFolder.log_hparams_with_results(trainer, hparams, metrics)
     RunFolder(result.run_dir).write_results(result.record())
 
 
