@@ -1,14 +1,16 @@
 """``scripts/train.py`` as a user runs it (a fresh process, real Trainer, real files), and ``train()`` itself."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
 import yaml
 
-from helpers import event_accumulator, summary_value, tiny_config, tiny_recipe, tiny_run, train
+from helpers import ROOT, event_accumulator, summary_value, tiny_config, tiny_recipe, tiny_run, train
 from project.errors import UserError
 from project.reliability.resume import checkpoint_to_resume
 
@@ -40,6 +42,11 @@ def test_a_run_writes_scalars_checkpoints_weights_and_real_hparams(trained):
     assert "last.ckpt" in checkpoints and any(n.startswith("best-") for n in checkpoints)
     assert (run / "model.pth").is_file()
     assert f"tensorboard --logdir {run.parent}  (this run: {run.name})" in output  # named by its folder there
+    printed = next(line for line in output.splitlines() if line.startswith("TensorBoard "))
+    command = printed.split()[1]  # runs as printed from the project folder in a new shell, no venv activated
+    done = subprocess.run([command, "--version_tb"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")})
+    assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
 
     events = event_accumulator(run)
     tags = set(events.Tags()["scalars"])

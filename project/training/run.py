@@ -108,9 +108,22 @@ class RunResult:
                 f"weights          {self.weights}  ({self.weights_kind})",
                 f"config           {self.config_file}  (--config reproduces this run)",
                 f"results          {self.run_dir / 'results.json'}",
-                f"TensorBoard      tensorboard --logdir {self.run_dir.parent}  (this run: {self.run_dir.name})",
+                f"TensorBoard      {tensorboard_command()} --logdir {self.run_dir.parent}  (this run: "
+                f"{self.run_dir.name})",
             ]
         return "\n".join(lines)
+
+
+def tensorboard_command() -> str:
+    """TensorBoard as it runs from here in a new shell: the one beside this Python (a venv's, not on the PATH until
+    the venv is activated), relative to this folder where it is under it."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    if not beside.is_file():
+        return "tensorboard"
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
 
 
 def test_line(metrics: dict[str, float]) -> str:
