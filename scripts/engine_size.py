@@ -5,7 +5,6 @@ default training run imports (``python -X importtime scripts/train.py --fast-dev
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -14,6 +13,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from project.config.cli import parse_engine_size_args  # noqa: E402  (light: no torch)
 
 
 def engine_lines() -> tuple[int, int]:
@@ -41,7 +43,7 @@ def files_a_run_imports() -> list[str]:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__).parse_args()
+    parse_engine_size_args(__doc__)
     lines, files = engine_lines()
     print(f"engine: {lines} lines in {files} files (project/ less project/recipe/)")
     imported = files_a_run_imports()

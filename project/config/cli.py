@@ -264,6 +264,10 @@ def parse_check_gpu_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def parse_engine_size_args(description: str | None) -> argparse.Namespace:
+    return _tool_parser("engine_size.py", description).parse_args()
+
+
 def parse_plot_scalars_args(description: str | None, default_tags: Sequence[str]) -> argparse.Namespace:
     parser = _tool_parser("plot_scalars.py", description)
     parser.add_argument("run", help="a run folder, e.g. lightning_logs/NAME/version_0")

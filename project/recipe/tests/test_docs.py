@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"(?:\.venv/bin/)?python3? scripts/(\w+)\.py((?:[^`\n#]|#(?!\s))*)")
 MAKE_TRAIN = re.compile(r'make (train) ARGS="([^"]*)"')
-TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars", "check_recipe")
+TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars", "check_recipe",
+                "engine_size")
 # Run in a fresh interpreter, from a folder like a clone after a run: each command's parser on its argv.
 PARSE_EACH = """
 import json, sys
@@ -43,7 +44,7 @@ for where, script, argv in json.loads(sys.argv[1]):
             cli.parse_run_command(recipe, argv)
         elif script == "plot_scalars":
             cli.parse_plot_scalars_args(None, ())
-        elif script in ("check_gpu", "check_recipe"):
+        elif script in ("check_gpu", "check_recipe", "engine_size"):
             getattr(cli, f"parse_{script}_args")(None)
         else:
             getattr(cli, f"parse_{script}_args")(recipe, None)
