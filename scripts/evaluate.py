@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,11 @@ def main(recipe: Recipe, args: argparse.Namespace) -> int:
 
     classifier = evaluation.load_classifier(recipe, args.ckpt, args.weights, args.logdir, args.name)
     print(f"evaluate.py: using {classifier.describe()}", file=sys.stderr)
-    results = evaluation.evaluate_test_set(recipe, classifier, args.data_dir)
+    data_dir = args.data_dir
+    if data_dir is None and not os.environ.get("DATA_DIR") and classifier.data_dir:
+        data_dir = classifier.data_dir
+        print(f"evaluate.py: test set from {data_dir}, the data its run trained on", file=sys.stderr)
+    results = evaluation.evaluate_test_set(recipe, classifier, data_dir)
     print(json.dumps(results, indent=2) if args.json else evaluation.render(results))
     if args.plot:
         evaluation.plot_confusion(results, args.plot)

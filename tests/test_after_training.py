@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import event_accumulator, free_port, run_script, tiny_recipe
+from helpers import ROOT, event_accumulator, free_port, run_script, tiny_recipe
 from tests.tiny_recipe.model import LitTiny
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr",
@@ -74,6 +74,30 @@ def test_evaluate_agrees_with_training(trained, tmp_path):
     text = render(evaluate_test_set(tiny_recipe(), classifier, str(trained["data"])))
     assert f"test/acc  {trained['results']['test/acc']:.4f}" in text
     assert "confusion matrix (rows: true class, columns: predicted)" in text
+
+
+@pytest.mark.slow
+def test_a_run_records_its_data_and_evaluate_uses_it_in_a_new_shell(shared_tiny_data, tmp_path):
+    """Trained with DATA_DIR set (no --data-dir), then evaluated from another folder in a shell without it."""
+    import os
+
+    import yaml
+
+    from helpers import TINY
+
+    logs = tmp_path / "logs"
+    trained = run_script("train.py", "--logdir", str(logs), *TINY, "--max-epochs", "1",
+                         env={"DATA_DIR": str(shared_tiny_data)})
+    assert trained.returncode == 0, trained.stderr
+    run = logs / "tiny" / "version_0"
+    assert yaml.safe_load((run / "config.yaml").read_text())["data_dir"] == str(shared_tiny_data.resolve())
+    shell = {key: value for key, value in os.environ.items() if key != "DATA_DIR"}
+    for source in (("--ckpt", "best"), ("--weights", str(run / "model.pth"))):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--logdir", str(logs), *source,
+                               "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=shell)
+        assert done.returncode == 0, done.stderr
+        assert f"evaluate.py: test set from {shared_tiny_data.resolve()}, the data its run trained on" in done.stderr
+        assert json.loads(done.stdout)["samples"] == 80
 
 
 def test_evaluate_names_what_is_missing(trained, tmp_path):

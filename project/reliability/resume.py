@@ -120,7 +120,7 @@ def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe
     checkpoint = read_checkpoint(path, mmap=True)  # its settings: the weights are read by the resume
     check_trained_by(checkpoint, path, recipe)
     saved = _trained_with(checkpoint, config)
-    changes = {key: saved[key] for key in (*TRAINED, *config.options, "max_epochs") if key in saved and
+    changes = {key: saved[key] for key in (*TRAINED, *config.options, "max_epochs", "data_dir") if key in saved and
                key not in given}
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,8 +28,10 @@ class Classifier(nn.Module):
     and unchanged for one that already returns log-probabilities.
     """
 
-    def __init__(self, network: nn.Module, source: str, chosen: str = "", precision: str = "32-true") -> None:
+    def __init__(self, network: nn.Module, source: str, chosen: str = "", precision: str = "32-true",
+                 data_dir: str | None = None) -> None:
         super().__init__()
+        self.data_dir = data_dir  # the data its run trained on, where the run recorded it
         self.precision = full_precision(precision)  # the run's: evaluation computes as its test did
         self.network = network.to(TRUE_DTYPES.get(self.precision, torch.float32))
         self.source = source
@@ -55,7 +58,7 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
     module_class = recipe.module_class()
     if weights:
         network = module_class.network_from_weights(read_weights(weights), str(weights))
-        return Classifier(network.eval(), source=str(weights))
+        return Classifier(network.eval(), source=str(weights), data_dir=_recorded_data(Path(weights).parent))
     path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe.name, "--ckpt")
     state = read_checkpoint(path)
     check_trained_by(state, path, recipe)
@@ -65,8 +68,22 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
     except RuntimeError:
         raise CheckpointError(f"{path}: its weights do not fit this recipe's {module_class.__name__}") from None
     chosen = f"the {ckpt or 'best'} checkpoint of the newest run, {run.folder} ({run.describe()})" if run else ""
-    precision = state.get("run_record", {}).get("config", {}).get("precision", "32-true")
-    return Classifier(module.model.eval(), source=str(path), chosen=chosen, precision=precision)
+    trained_with = state.get("run_record", {}).get("config", {})
+    return Classifier(module.model.eval(), source=str(path), chosen=chosen,
+                      precision=trained_with.get("precision", "32-true"), data_dir=trained_with.get("data_dir"))
+
+
+def _recorded_data(folder: Path) -> str | None:
+    """The data folder a run's ``config.yaml`` records, where ``folder`` is a run's (``model.pth`` beside it)."""
+    import yaml
+
+    config = folder / "config.yaml"
+    try:
+        recorded = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    data_dir = recorded.get("data_dir") if isinstance(recorded, dict) else None
+    return data_dir if isinstance(data_dir, str) else None
 
 
 def recipe_data(recipe: Recipe, data_dir: str | None = None) -> Any:

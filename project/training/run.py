@@ -181,6 +181,8 @@ def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | N
     resume (its folder then held by this process), outputs, steps per call, CUDA graphs, the model."""
     if datamodule is None:
         datamodule = build_datamodule(config, recipe)
+    if config.data_dir is None:  # recorded as found (DATA_DIR, data/): the run's scripts use it again later
+        config = config.replace(data_dir=str(datamodule.data_dir.resolve()))
     datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
     datamodule.prepare_data()  # a missing dataset is reported before any process starts
     train_size, world_size = datamodule.train_size(), expected_world_size(config)
