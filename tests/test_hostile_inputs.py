@@ -38,6 +38,8 @@ ATTEMPTS = {
     "limit-inf-in-a-file": Attempt("train.py", ("--config", "inf.yaml"),
                                    "--trainer.limit_train_batches: a share must be in [0, 1], got inf",
                                    prepare=("yaml",)),
+    "no-training-batch": Attempt("train.py", ("--trainer.limit_train_batches", "0"),
+                                 "--trainer.limit_train_batches 0: no training batch, so no optimizer step"),
     "max-steps-0": Attempt("train.py", ("--trainer.max_steps", "0"),
                            "--trainer.max_steps: must be -1 (no limit) or 1 or more, got 0"),
     "max-time-negative-in-a-file": Attempt("train.py", ("--config", "max-time.yaml"),

@@ -24,10 +24,13 @@ def train_batches(config: RunConfig, train_size: int, world_size: int) -> int:
     per_rank = batches_of(train_size, world_size)  # the distributed sampler pads every rank to the same length
     batches = batches_of(per_rank, config.batch_size)
     limit = config.trainer.get("limit_train_batches")
+    if limit == 0:
+        raise UsageError(f"--trainer.limit_train_batches {limit}: no training batch, so no optimizer step: the run "
+                         "would train nothing; give a count of batches or a share above 0")
     if isinstance(limit, int) and not isinstance(limit, bool):
         return min(batches, limit)
     if isinstance(limit, float):
-        if 0 < limit and int(batches * limit) == 0:
+        if int(batches * limit) == 0:
             raise UsageError(f"--trainer.limit_train_batches {limit}: {limit} of {batches} batches per epoch "
                              f"is none; use at least {1 / batches:.3g} or a count of batches")
         return int(batches * limit)
