@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from project.config.cli import parse_engine_size_args  # noqa: E402  (light: no torch)
+from project.errors import UserError, run_cli  # noqa: E402
 
 
 def engine_lines() -> tuple[int, int]:
@@ -30,20 +31,23 @@ def files_a_run_imports() -> list[str]:
         write = ("import sys, pathlib; from project.contract import installed_recipe; "
                  "installed_recipe().write_example_data(pathlib.Path(sys.argv[1]))")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-c", write, scratch], check=True, env=env, cwd=ROOT)
+        written = subprocess.run([sys.executable, "-c", write, scratch], capture_output=True, text=True, env=env,
+                                 cwd=ROOT, check=False)
+        if written.returncode != 0:
+            said = written.stderr.strip().splitlines() or ["?"]
+            raise UserError(f"the recipe's example data could not be written: {said[-1]}")
         done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "train.py"), "--fast-dev-run",
                                "--data-dir", scratch, "--val-size", "0.2", "--logdir",
                                str(Path(scratch) / "logs")],
                               capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")] or ["?"]
-        raise SystemExit(f"engine_size.py: error: the run failed: {said[-1]}")
+        raise UserError(f"the run failed: {said[-1]}")
     names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(project(?:\.\w+)*)\s*$", done.stderr, re.MULTILINE)
     return list(dict.fromkeys(name for name in names if not name.startswith("project.recipe")))
 
 
 def main() -> int:
-    parse_engine_size_args(__doc__)
     lines, files = engine_lines()
     print(f"engine: {lines} lines in {files} files (project/ less project/recipe/)")
     imported = files_a_run_imports()
@@ -52,4 +56,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    arguments = parse_engine_size_args(__doc__)
+    run_cli(main, "engine_size.py", debug=arguments.debug)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,9 +20,8 @@ def main(recipe: Recipe, args: argparse.Namespace) -> int:
 
     classifier = evaluation.load_classifier(recipe, args.ckpt, args.weights, args.logdir, args.name)
     print(f"evaluate.py: using {classifier.describe()}", file=sys.stderr)
-    data_dir = args.data_dir
-    if data_dir is None and not os.environ.get("DATA_DIR") and classifier.data_dir:
-        data_dir = classifier.data_dir
+    data_dir = evaluation.test_data_dir(classifier, args.data_dir)
+    if data_dir != args.data_dir:
         print(f"evaluate.py: test set from {data_dir}, the data its run trained on", file=sys.stderr)
     results = evaluation.evaluate_test_set(recipe, classifier, data_dir)
     print(json.dumps(results, indent=2) if args.json else evaluation.render(results))

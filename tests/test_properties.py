@@ -81,16 +81,18 @@ def test_a_run_record_is_read_or_refused_in_one_line_whatever_its_fields_hold(tm
 # ---------------------------------------------------------------- planned optimizer steps
 
 
-def counted_steps(size: int, world: int, batch: int, epochs: int, limit: int | float | None, accumulate: int,
-                  max_steps: int) -> int:
-    """Lightning's rules, step by step: each rank's padded shard in batches, cut by the limit; an optimizer step
-    every ``accumulate`` batches and at each epoch's last; the fit ends at ``max_steps``."""
+def counted_batches(size: int, world: int, batch: int, limit: int | float | None) -> int:
+    """Each rank's padded shard in batches, cut by the limit (a share rounds down, as Lightning's does)."""
     shard = size // world + (size % world > 0)
     batches = len(range(0, shard, batch))
     if isinstance(limit, float):
-        batches = int(batches * limit)
-    elif isinstance(limit, int):
-        batches = min(batches, limit)
+        return int(batches * limit)
+    return batches if limit is None else min(batches, limit)
+
+
+def counted_steps(batches: int, epochs: int, accumulate: int, max_steps: int) -> int:
+    """Lightning's rules, step by step: an optimizer step every ``accumulate`` batches and at each epoch's last;
+    the fit ends at ``max_steps``."""
     steps = 0
     for _ in range(epochs):
         for index in range(batches):
@@ -105,22 +107,21 @@ def counted_steps(size: int, world: int, batch: int, epochs: int, limit: int | f
 @given(st.integers(1, 5000), st.integers(1, 8), st.integers(1, 512), st.integers(1, 6),
        st.none() | st.integers(1, 50) | st.floats(0.05, 1.0), st.integers(1, 8), st.integers(-1, 400))
 def test_the_planned_steps_are_the_steps_counted_one_by_one(size, world, batch, epochs, limit, accumulate, max_steps):
+    """Counted, or refused in one line exactly where the count says the run cannot train: no batch at all, or an
+    accumulation beyond the epoch's batches."""
+    from project.errors import UsageError
+
     max_steps = -1 if max_steps == 0 else max_steps
     trainer = {"accumulate_grad_batches": accumulate, "max_steps": max_steps,
                **({"limit_train_batches": limit} if limit is not None else {})}
     config = RunConfig(batch_size=batch, max_epochs=epochs, trainer=trainer)
-    reference = counted_steps(size, world, batch, epochs, limit, accumulate, max_steps)
-    try:
-        batches = train_batches(config, size, world)
-        planned = planned_steps(config, size, world)
-    except Exception as err:  # noqa: BLE001 - a refusal is one of the plan's answers
-        from project.errors import UsageError
-
-        assert isinstance(err, UsageError)
-        batches = max(1, train_batches(config, size, world)) if "accumulate" in str(err) else 0
-        assert "accumulate" not in str(err) or accumulate > batches
+    batches = counted_batches(size, world, batch, limit)
+    if batches == 0 or accumulate > batches:
+        with pytest.raises(UsageError, match="limit_train_batches" if batches == 0 else "accumulate_grad_batches"):
+            planned_steps(config, size, world)
         return
-    assert planned == reference
+    assert train_batches(config, size, world) == batches
+    assert planned_steps(config, size, world) == counted_steps(batches, epochs, accumulate, max_steps)
 
 
 # ---------------------------------------------------------------- samplers

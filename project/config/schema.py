@@ -10,6 +10,7 @@ environment. Imports nothing heavy, so ``--help`` stays instant.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,6 +270,7 @@ class DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
+@functools.cache
 def _unique_keys_loader() -> Any:
     """PyYAML's ``SafeLoader``, refusing a key given twice in one mapping."""
     import yaml

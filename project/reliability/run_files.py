@@ -237,6 +237,17 @@ def save_config(folder: Path, config: RunConfig) -> Path:
     return path
 
 
+def read_config(folder: Path) -> dict[str, Any]:
+    """``config.yaml`` as ``save_config`` wrote it; empty where there is none or it cannot be read as one."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """The run's numbers for machines: full precision, unlike the printed summary."""
     values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}

@@ -89,6 +89,11 @@ class RunFolder:
     def save_config(self, config: Any) -> Path:
         return run_files.save_config(self.path, config)
 
+    @property
+    def saved_config(self) -> dict[str, Any]:
+        """``config.yaml`` as the run saved it (empty where there is none)."""
+        return run_files.read_config(self.path)
+
     @staticmethod
     def log_settings(trainer: Any, config: Any) -> None:
         """The exact command and the resolved settings, in TensorBoard's TEXT tab."""

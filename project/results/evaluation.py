@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
     module_class = recipe.module_class()
     if weights:
         network = module_class.network_from_weights(read_weights(weights), str(weights))
-        return Classifier(network.eval(), source=str(weights), data_dir=_recorded_data(Path(weights).parent))
+        recorded = RunFolder(Path(weights).parent).saved_config.get("data_dir")  # model.pth in its run's folder
+        return Classifier(network.eval(), source=str(weights), data_dir=recorded if isinstance(recorded, str) else None)
     path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe.name, "--ckpt")
     state = read_checkpoint(path)
     check_trained_by(state, path, recipe)
@@ -73,17 +75,13 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
                       precision=trained_with.get("precision", "32-true"), data_dir=trained_with.get("data_dir"))
 
 
-def _recorded_data(folder: Path) -> str | None:
-    """The data folder a run's ``config.yaml`` records, where ``folder`` is a run's (``model.pth`` beside it)."""
-    import yaml
 
-    config = folder / "config.yaml"
-    try:
-        recorded = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    data_dir = recorded.get("data_dir") if isinstance(recorded, dict) else None
-    return data_dir if isinstance(data_dir, str) else None
+def test_data_dir(classifier: Classifier, given: str | None) -> str | None:
+    """Where the test set is read: ``--data-dir``, else ``$DATA_DIR``, else the data the classifier's run trained
+    on (as its run recorded it), else the recipe's default."""
+    if given or os.environ.get("DATA_DIR"):
+        return given
+    return classifier.data_dir
 
 
 def recipe_data(recipe: Recipe, data_dir: str | None = None) -> Any:

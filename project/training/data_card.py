@@ -168,29 +168,23 @@ def gather(datamodule: TensorDataModule, split: Dataset, limit: int | None = SAM
 Statistics = tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]]  # per-channel mean, std; lowest, highest
 
 
-def held_statistics(datamodule: TensorDataModule, split: Split) -> Statistics:
-    """A split's inputs as the datamodule holds them: per-channel mean and std, lowest and highest value."""
-    inputs = split.inputs.float().reshape(len(split.inputs), *datamodule.input_shape)
-    dims = [d for d in range(inputs.dim()) if d != 1]
-    var, mean = torch.var_mean(inputs, dim=dims)
-    return tuple(mean.tolist()), tuple(var.sqrt().tolist()), (inputs.min().item(), inputs.max().item())
-
-
-def pixel_statistics(datamodule: TensorDataModule, split: Split) -> Statistics:
-    """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range over all channels: normalised
-    inputs measured as they are, then the declared normalisation undone on the numbers (not on every pixel). Inputs
-    normalised with other numbers than the declared ones come out of ``[0, 1]``: their statistics would only echo
-    the declaration."""
+def pixel_statistics(datamodule: TensorDataModule, split: Split) -> tuple[Statistics, Statistics | None]:
+    """Per-channel mean and std of a split's pixels in ``[0, 1]``, and their range over all channels; with, for a
+    split held normalised, the same of the inputs as held. Normalised inputs are measured as they are, then the
+    declared normalisation is undone on the numbers (not on every pixel). Inputs normalised with other numbers than
+    the declared ones come out of ``[0, 1]``: their statistics would only echo the declaration."""
     inputs = split.inputs.float().reshape(len(split.inputs), *datamodule.input_shape)
     dims = [d for d in range(inputs.dim()) if d != 1]
     var, mean = torch.var_mean(inputs, dim=dims)
     std, low, high = var.sqrt(), inputs.amin(dim=dims), inputs.amax(dim=dims)
-    if split.normalised:
-        declared_mean = torch.tensor(datamodule.mean).expand_as(mean)
-        declared_std = torch.tensor(datamodule.std).expand_as(std)
-        mean, std = mean * declared_std + declared_mean, std * declared_std
-        low, high = low * declared_std + declared_mean, high * declared_std + declared_mean
-    return tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item())
+    held = (tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item()))
+    if not split.normalised:
+        return held, None
+    declared_mean = torch.tensor(datamodule.mean).expand_as(mean)
+    declared_std = torch.tensor(datamodule.std).expand_as(std)
+    mean, std = mean * declared_std + declared_mean, std * declared_std
+    low, high = low * declared_std + declared_mean, high * declared_std + declared_mean
+    return (tuple(mean.tolist()), tuple(std.tolist()), (low.min().item(), high.max().item())), held
 
 
 def fingerprints(inputs: torch.Tensor) -> list[float]:
@@ -213,8 +207,7 @@ def shared_inputs(train: torch.Tensor, test: torch.Tensor) -> int:
 def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
     train, test = gather(datamodule, datamodule.train_set), gather(datamodule, datamodule.test_set)
-    mean, std, pixel_range = pixel_statistics(datamodule, train)
-    held = held_statistics(datamodule, train) if train.normalised else None
+    (mean, std, pixel_range), held = pixel_statistics(datamodule, train)
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
     return DataCard(
