@@ -8,9 +8,10 @@ ARGS ?=
 .PHONY: train test test-fast lint benchmark mutation-check figures clean
 
 # What training needs; the test tools come with `make test`.
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -U pip
+	$(PY) scripts/install_torch.py
 	$(PIP) -e .
 	touch $@
 

@@ -22,7 +22,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"(?:\.venv/bin/)?python3? scripts/(\w+)\.py((?:[^`\n#]|#(?!\s))*)")
 MAKE_TRAIN = re.compile(r'make (train) ARGS="([^"]*)"')
 TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars", "check_recipe",
-                "engine_size")
+                "engine_size", "install_torch")
 # Run in a fresh interpreter, from a folder like a clone after a run: each command's parser on its argv.
 PARSE_EACH = """
 import json, sys
@@ -44,6 +44,14 @@ for where, script, argv in json.loads(sys.argv[1]):
             cli.parse_run_command(recipe, argv)
         elif script == "plot_scalars":
             cli.parse_plot_scalars_args(None, ())
+        elif script == "install_torch":  # runs before torch is installed: its parser is its own
+            import importlib.util, project
+            where_ = Path(project.__file__).parents[1] / "scripts" / "install_torch.py"
+            spec = importlib.util.spec_from_file_location("install_torch", where_)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["install_torch"] = module
+            spec.loader.exec_module(module)
+            module.parser().parse_args(argv)
         elif script in ("check_gpu", "check_recipe", "engine_size"):
             getattr(cli, f"parse_{script}_args")(None)
         else:
@@ -61,7 +69,7 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
     for page in PAGES:
         for number, line in enumerate(page.read_text().splitlines(), 1):
             for match in [*COMMAND.finditer(line), *MAKE_TRAIN.finditer(line)]:
-                args = match.group(2).strip().rstrip("`;,.)")
+                args = match.group(2).split("&&")[0].strip().rstrip("`;,.)")
                 if "..." in args or "<" in args or "|" in args or args.startswith(">"):
                     continue
                 found.append((f"{page.name}:{number}", match.group(1), shlex.split(args.split(" > ")[0])))
