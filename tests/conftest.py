@@ -3,7 +3,8 @@
 The engine's tests train ``tests/tiny_recipe``, never ``project/recipe/``: a user who swaps the
 recipe keeps them green. Set before anything imports the engine, and inherited by every script
 the tests start. The installed recipe's own tests are in ``project/recipe/tests/``; the recipe
-conformance tests (``test_recipe_conformance.py``) run on whatever recipe is installed.
+conformance tests (``test_recipe_conformance.py``) run on the recipe ``PROJECT_RECIPE`` named when pytest
+started, else the installed one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 
+# The recipe a user named (else the installed one) is the one the conformance tests check; the workers
+# inherit it from the first process, which saw the user's PROJECT_RECIPE.
+os.environ.setdefault("RECIPE_UNDER_TEST", os.environ.get("PROJECT_RECIPE", "project.recipe"))
 os.environ["PROJECT_RECIPE"] = "tests.tiny_recipe"
 from collections.abc import Iterator
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Recipe conformance: what any recipe installed as ``project/recipe/`` must do with the engine.
 
-These run on the installed recipe (not the engine tests' own), on the small dataset it writes with
+These run on the installed recipe (not the engine tests' own), or on the one ``PROJECT_RECIPE`` names
+(``PROJECT_RECIPE=mine pytest tests/test_recipe_conformance.py``), on the small dataset it writes with
 its ``example_data``: a swapped-in recipe gets them for free. Each is a real run of the scripts: a
 few epochs of training, K = 1 and K > 1 ending bitwise equal, a run killed with SIGKILL and
 resumed ending bitwise equal too, ``--fast-dev-run``, ``evaluate.py`` giving training's test
@@ -22,7 +23,8 @@ import torch
 
 from helpers import ROOT, assert_same_training_state, run_script
 
-INSTALLED = {"PROJECT_RECIPE": "project.recipe"}
+INSTALLED = {"PROJECT_RECIPE": os.environ["RECIPE_UNDER_TEST"],  # set by conftest.py
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 # Small enough for any example dataset, long enough that a kill lands mid-run: a share for validation,
 # batches of 32, a checkpoint every 3 steps.
 RUN = ("--val-size", "0.2", "--batch-size", "32", "--max-epochs", "3", "--log-every-n-steps", "4",
@@ -56,8 +58,9 @@ for index in range(len(data.test_set)):
 
 def on_installed(code: str, *args: str) -> None:
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, **INSTALLED, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, **INSTALLED})
     assert done.returncode == 0, done.stderr
+    print(done.stdout, end="")
 
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -143,11 +146,17 @@ def test_the_exported_program_loads_and_classifies(installed):
     assert f"portable program {installed['root'] / 'model.pt2'}" in installed["output"]
 
 
+def test_the_recipe_under_test_is_the_one_named():
+    """What the suite says it checks (`pytest -s` prints it): the recipe PROJECT_RECIPE named, else project.recipe."""
+    on_installed("from project.contract import installed_recipe; "
+                 "print('conformance of the recipe in', installed_recipe().folder)")
+
+
 def test_the_recipes_presets_and_sweep_space_are_its_own():
     listing = ("import json; from project.contract import installed_recipe; r = installed_recipe(); "
                "print(json.dumps([sorted(r.presets()), (r.folder / 'sweep.yaml').is_file()]))")
     done = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, **INSTALLED, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, **INSTALLED})
     assert done.returncode == 0, done.stderr
     presets, has_space = json.loads(done.stdout)
     for preset in presets:  # each names only settings and options this recipe has
