@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import optuna
@@ -386,14 +387,54 @@ def test_a_storage_that_stops_answering_mid_sweep_is_one_line(monkeypatch, tmp_p
 
     monkeypatch.setattr(study, "optimize", lost)
     with pytest.raises(UserError, match="the study's storage stopped answering .*run the same command again"):
-        sweep.run_trials(study, open_storage(str(tmp_path / "s.journal")), None, 1)
+        sweep.run_trials(study, open_storage(str(tmp_path / "s.journal")), types.SimpleNamespace(), 1)
 
 
-def test_the_default_storage_is_a_journal_file_many_processes_can_share(monkeypatch, tmp_path):
+def test_the_default_storage_is_a_journal_file_under_the_log_folder(monkeypatch, shared_tiny_data, tmp_path):
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    args = sweep_args(monkeypatch)
-    assert args.storage == "sweeps.journal"
-    monkeypatch.chdir(tmp_path)
-    storage = open_storage(args.storage)
+    assert sweep_args(monkeypatch).storage == str(Path("lightning_logs") / "sweeps" / "sweeps.journal")
+    logdir = tmp_path / "logs"
+    args = sweep_args(monkeypatch, "--space", str(write_space(tmp_path, QUICK)), "--data-dir", str(shared_tiny_data),
+                      "--logdir", str(logdir), "--val-size", "40")
+    assert args.storage == str(logdir / "sweeps" / "sweeps.journal")
+    study, storage, _ = prepare(tiny_recipe(), args)  # its folder made for it
     assert isinstance(storage, JournalStorage) and isinstance(storage._backend, JournalFileBackend)
+    assert (logdir / "sweeps" / "sweeps.journal").is_file() and study.study_name == "tiny-sweep"
+
+
+@pytest.mark.parametrize("seconds, said", [(0, "0 s"), (59.4, "59 s"), (59.6, "1 min 0 s"), (250, "4 min 10 s"),
+                                           (3599, "59 min 59 s"), (3600, "1 h 0 min"), (3900, "1 h 5 min"),
+                                           (90061, "25 h 1 min")])
+def test_durations_are_said_as_a_reader_needs_them(seconds, said):
+    from project.sweeps.report import in_words
+
+    assert in_words(seconds) == said
+
+
+def test_the_rest_of_a_workers_trials_is_estimated_from_those_it_ran():
+    from project.sweeps.study import time_left
+
+    assert time_left([100.0, 200.0], 3) == 450.0
+    assert time_left([30.0], 0) == 0.0
+
+
+def test_each_trial_says_how_long_the_rest_will_take_and_the_report_the_time_per_trial(
+        monkeypatch, shared_tiny_data, tmp_path, capsys):
+    from project.sweeps import study as sweep
+    from project.sweeps.report import in_words, report
+
+    args = sweep_args(monkeypatch, "--space", str(write_space(tmp_path, QUICK)), "--data-dir", str(shared_tiny_data),
+                      "--logdir", str(tmp_path / "logs"), "--val-size", "40", "--sampler-seed", "0")
+    study, storage, objective = prepare(tiny_recipe(), args)
+    sweep.run_trials(study, storage, objective, 3)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trial ")]
+    assert len(lines) == 3 and len(objective.seconds_each) == 3
+    for ran, line in enumerate(lines, 1):
+        seconds = objective.seconds_each[:ran]
+        rest = (f"; about {in_words(sweep.time_left(seconds, 3 - ran))} for the {3 - ran} left at "
+                f"{in_words(sum(seconds) / ran)} a trial  " if ran < 3 else "  ")
+        assert f" in {seconds[-1]:.1f} s{rest}{{'lr': " in line, line
+    text = report(study, tiny_recipe(), objective.fixed, objective.folder)
+    each = [t.duration.total_seconds() for t in study.trials]
+    assert f"time per trial {in_words(sum(each) / 3)} on average (3 ended; pruned ones are shorter)" in text

@@ -199,9 +199,8 @@ def parse_sweep_args(recipe: Recipe, description: str | None) -> argparse.Namesp
                         help="search space (YAML; default: the recipe's sweep.yaml)")
     parser.add_argument("--n-trials", type=argparse_type(positive_int), default=20,
                         help="trials this command runs (shared out among its workers)")
-    parser.add_argument("--storage", default=SWEEP_STORAGE,
-                        help="a journal file (one machine) or a database URL, e.g. postgresql://user:pw@host/db "
-                             "(several machines)")
+    parser.add_argument("--storage", help=f"a journal file (one machine; default: LOGDIR/sweeps/{SWEEP_STORAGE}) or a "
+                        "database URL, e.g. postgresql://user:pw@host/db (several machines)")
     parser.add_argument("--workers", type=argparse_type(count_or_auto), default="auto",
                         help="trials run at once, each worker pinned to its own devices (auto: one per GPU, "
                              "or per group of GPUs a trial uses; one on CPU)")
@@ -220,7 +219,10 @@ def parse_sweep_args(recipe: Recipe, description: str | None) -> argparse.Namesp
     parser.add_argument("--val-size", type=argparse_type(size_or_share),
                         help="samples (or a share) held out for validation (default: the recipe's)")
     parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.storage is None:
+        args.storage = str(Path(args.logdir) / "sweeps" / SWEEP_STORAGE)
+    return args
 
 
 def parse_benchmark_args(recipe: Recipe, description: str | None) -> argparse.Namespace:

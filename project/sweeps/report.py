@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ def report(study: optuna.Study, recipe: Recipe, fixed: dict[str, Any], folder: P
     counts = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
     lines = [f"study {study.study_name}: {len(study.trials)} trials "
              f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})"]
+    ended = [t.duration.total_seconds() for t in study.trials if t.duration is not None
+             and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    if ended:
+        lines.append(f"time per trial {in_words(statistics.fmean(ended))} on average ({len(ended)} ended; "
+                     "pruned ones are shorter)")
     if not done:
         return "\n".join(lines + ["no trial completed yet"])
     best = sorted(done, key=lambda t: t.value, reverse=True)[:top]
@@ -40,6 +46,16 @@ def report(study: optuna.Study, recipe: Recipe, fixed: dict[str, Any], folder: P
     text = redact("\n".join(lines))
     (folder / "best_trials.md").write_text(text + "\n")
     return text
+
+
+def in_words(seconds: float) -> str:
+    """38 s, 4 min 10 s, 1 h 5 min: as long as a reader needs."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def _fmt(value: Any) -> str:

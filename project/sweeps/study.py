@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from project.contract import Recipe
 from project.errors import NonFiniteLossError, Terminated, UsageError, UserError, first_line
 from project.hardware.devices import expected_world_size
 from project.reliability.run_folder import RunFolder
+from project.sweeps.report import in_words
 from project.sweeps.storage import (
     describe,
     frozen_trial,
@@ -158,6 +160,8 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     fixed, params = load_space(args.space, recipe)
     quiet()
     folder = Path(args.logdir) / "sweeps" / args.study_name
+    if "://" not in args.storage and Path(args.storage).parent == folder.parent:  # the default journal's folder
+        folder.parent.mkdir(parents=True, exist_ok=True)
     base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
             "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
     objective = Objective(recipe, fixed, params, base, folder)
@@ -208,6 +212,7 @@ def run_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, object
             print(f"trial {number}: its worker died; failed, and enqueued again", flush=True)
 
     recover(study)
+    objective.trials_left = n_trials
     try:
         study.optimize(objective, n_trials=n_trials, callbacks=[recover])
     except (SQLAlchemyError, UnboundLocalError) as err:  # Optuna hides a lost connection as UnboundLocalError
@@ -241,6 +246,8 @@ class Objective:
                  folder: Path) -> None:
         self.recipe, self.fixed, self.params, self.base, self.folder = recipe, fixed, params, base, folder
         self.datamodule: TensorDataModule | None = None
+        self.trials_left = 0  # of this worker's, set by run_trials
+        self.seconds_each: list[float] = []  # the trials this worker ran, for its estimate of the rest
 
     def trial_config(self, values: dict[str, Any]) -> RunConfig:
         """The sweep's fixed settings, then this command's (data, logdir, ...), then the trial's sampled ones."""
@@ -272,12 +279,21 @@ class Objective:
             stopped.exit_code = err.exit_code
             raise stopped from None
         seconds = time.perf_counter() - started
+        self.seconds_each.append(seconds)
+        self.trials_left = max(0, self.trials_left - 1)
         state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
         again = f" (repeats trial {retried})" if retried is not None else ""
-        print(f"trial {trial.number}{again}: {state} in {seconds:.1f} s  {trial.params}", flush=True)
+        rest = (f"; about {in_words(time_left(self.seconds_each, self.trials_left))} for the {self.trials_left} "
+                f"left at {in_words(statistics.fmean(self.seconds_each))} a trial" if self.trials_left else "")
+        print(f"trial {trial.number}{again}: {state} in {seconds:.1f} s{rest}  {trial.params}", flush=True)
         if pruning.pruned:
             raise optuna.TrialPruned()
         return best_val
+
+
+def time_left(seconds_each: list[float], trials_left: int) -> float:
+    """The rest of a worker's trials at the mean time of those it ran (pruned ones included: they will be too)."""
+    return statistics.fmean(seconds_each) * trials_left if seconds_each else math.nan
 
 
 def train_in_own_process(config: RunConfig) -> float:
