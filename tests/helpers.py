@@ -131,7 +131,7 @@ def summary_value(output: str, key: str) -> str:
 def event_accumulator(run_dir: Path) -> Any:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0, "histograms": 0})
     events.Reload()
     return events
 

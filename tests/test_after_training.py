@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, event_accumulator, free_port, run_script, tiny_recipe
+from helpers import ROOT, event_accumulator, free_port, run_script, tiny_config, tiny_recipe, train
+from project.errors import UsageError
 from tests.tiny_recipe.model import LitTiny
 
 SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "train/lr",
@@ -27,6 +28,14 @@ def test_event_files_hold_every_scalar_image_text_and_real_hparams(trained):
     assert {"run/command/text_summary", "run/config/text_summary"} <= set(tags["tensors"])
     command = events.Tensors("run/command/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "train.py" in command and "--hidden 2" in command
+    model = events.Tensors("run/model/text_summary")[0].tensor_proto.string_val[0].decode()
+    weights = torch.load(trained["run"] / "checkpoints" / "last.ckpt", map_location="cpu",
+                         weights_only=True)["state_dict"]
+    count = sum(tensor.numel() for key, tensor in weights.items() if key.startswith("model."))
+    assert model.startswith(f"{count:,} trainable parameters ({count:,} in all)\n\n    "), model
+    assert "Linear" in model
+    # Histograms and the graph are asked for (--log-histograms, --log-graph): not in a default run.
+    assert not tags["histograms"] and not tags["graph"]
     # The HPARAMS tab reads the run's own curves: no extra points at step 0, no "epoch" curve.
     assert not any(tag.startswith("hp/") or tag == "epoch" for tag in tags["scalars"]), tags["scalars"]
     assert events.Scalars("test/acc")[-1].value == pytest.approx(trained["results"]["test/acc"], abs=1e-6)
@@ -304,3 +313,33 @@ def test_evaluates_table_lays_out_each_class_and_the_confusion_matrix():
         "   1      1     2     1",
         "   2      0     1     3",
     ]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_histograms_every_n_epochs_and_the_graph_on_request_change_no_training(shared_tiny_data, tmp_path, every):
+    plain = train(tiny_config(shared_tiny_data, tmp_path / "plain", max_epochs=3), test=False)
+    shown = train(tiny_config(shared_tiny_data, tmp_path / "shown", max_epochs=3, log_histograms=every,
+                              log_graph=True), test=False)
+    events = event_accumulator(shown.run_dir)
+    last = torch.load(shown.last_checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    names = [key.removeprefix("model.") for key in last if key.startswith("model.")]
+    tags = events.Tags()
+    assert sorted(tags["histograms"]) == sorted([f"weights/{n}" for n in names] + [f"gradients/{n}" for n in names])
+    steps_per_epoch = shown.optimizer_steps // 3
+    logged_at = [event.step for event in events.Histograms(f"weights/{names[0]}")]
+    assert logged_at == [steps_per_epoch * epoch for epoch in range(1, 4) if epoch % every == 0]
+    if every == 1:  # the last epoch's histogram is of the weights the run ended with
+        histogram = events.Histograms(f"weights/{names[0]}")[-1].histogram_value
+        assert histogram.num == last[f"model.{names[0]}"].numel()
+        assert histogram.sum == pytest.approx(float(last[f"model.{names[0]}"].sum()), rel=1e-5, abs=1e-5)
+    assert tags["graph"]
+    before = torch.load(plain.last_checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.equal(before[key], last[key]) for key in before)  # what is logged changes nothing trained
+
+
+def test_histograms_and_the_graph_need_tensorboard(shared_tiny_data, tmp_path):
+    with pytest.raises(UsageError, match=r"--log-histograms writes to TensorBoard: add it to the loggers "
+                                         r"\(--logger csv,tensorboard\)"):
+        tiny_config(shared_tiny_data, tmp_path, logger="csv", log_histograms=1)
+    with pytest.raises(UsageError, match="--log-graph writes to TensorBoard"):
+        tiny_config(shared_tiny_data, tmp_path, logger="csv", log_graph=True)

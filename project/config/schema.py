@@ -140,6 +140,9 @@ class RunConfig:
     run_version: str | None = setting(None, optional(folder_name), "the run folder's name under LOGDIR/NAME (default: "
                                   "the next version_N)", saved=False, metavar="NAME")
     log_every_n_steps: int = setting(50, positive_int, "how often the step loss and LR are logged")
+    log_histograms: int | None = setting(None, optional(positive_int), "TensorBoard histograms of every weight and "
+                                         "its last gradient, every N epochs", metavar="N")
+    log_graph: bool = setting(False, flag, "the model's graph in TensorBoard's GRAPHS tab")
     resume: str | None = setting(None, optional(text), "continue the run that wrote this checkpoint, in its "
                                  "folder, with its settings; 'last' = newest run's last.ckpt; 'auto' = the "
                                  "--run-version folder's, if it has one", saved=False, metavar="CKPT|last|auto")
@@ -167,6 +170,10 @@ class RunConfig:
             raise UsageError("--fast-dev-run cannot be combined with --resume")
         if self.resume and self.init_from:
             raise UsageError("--resume continues a run, --init-from starts a new one from its weights: choose one")
+        if (self.log_histograms or self.log_graph) and "tensorboard" not in self.logger.split(","):
+            asked = "--log-histograms" if self.log_histograms else "--log-graph"
+            raise UsageError(f"{asked} writes to TensorBoard: add it to the loggers "
+                             f"(--logger {self.logger},tensorboard)")
         if self.warmup_steps is not None and self.scheduler != "cosine":
             raise UsageError(f"--warmup-steps applies to --scheduler cosine, not {self.scheduler}")
 

@@ -1,4 +1,4 @@
-"""TensorBoard pictures of a run, as a callback: first batch, confusion matrices, worst mistakes.
+"""TensorBoard pictures of a run, as callbacks: first batch, confusion matrices, worst mistakes; the model.
 
 The datamodule shows its inputs as images (``to_image``); outputs become log-probabilities by
 ``log_softmax``, right for logits and for log-probabilities alike.
@@ -6,11 +6,14 @@ The datamodule shows its inputs as images (``to_image``); outputs become log-pro
 
 from __future__ import annotations
 
+import copy
+import warnings
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.model_summary import ModelSummary
 from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
@@ -130,3 +133,49 @@ class TensorBoardFigures(Callback):
             images = trainer.datamodule.to_image(worst["inputs"])
             self._image(trainer, "test/worst_misclassified",
                         figures.mistakes_image(images, worst["predicted"], worst["true"], worst["confidence"]))
+
+
+class ModelInTensorBoard(Callback):
+    """What users look for after the curves: the model summary and parameter count (TEXT, every run), and on
+    request each weight's and its last gradient's histogram every ``histograms_every`` epochs and the graph."""
+
+    def __init__(self, histograms_every: int | None = None, graph: bool = False) -> None:
+        self.histograms_every, self.graph = histograms_every, graph
+        self.gradients: dict[str, torch.Tensor] = {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tensorboard = tensorboard_of(trainer)
+        if tensorboard is None or not trainer.is_global_zero:
+            return
+        summary = ModelSummary(pl_module, max_depth=-1)
+        table = "\n".join(f"    {line}" for line in str(summary).splitlines())  # Markdown's preformatted text
+        tensorboard.experiment.add_text(
+            "run/model", f"{summary.trainable_parameters:,} trainable parameters "
+                         f"({summary.total_parameters:,} in all)\n\n{table}", 0)
+        if self.graph:
+            network = copy.deepcopy(pl_module.model).float().cpu().eval()  # the run's own model is left as it is
+            example = torch.zeros(1, *trainer.datamodule.input_shape)
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's notes on Python control flow
+                tensorboard.experiment.add_graph(network, example)
+
+    def _due(self, trainer: L.Trainer) -> bool:
+        return bool(self.histograms_every) and (trainer.current_epoch + 1) % self.histograms_every == 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Hold the step's gradients: validation clears them before the epoch ends. A reference, not a copy: each
+        step makes new ones (zero_grad sets them to None)."""
+        if self._due(trainer):
+            self.gradients = {name: p.grad for name, p in pl_module.model.named_parameters() if p.grad is not None}
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tensorboard = tensorboard_of(trainer)
+        if tensorboard is not None and trainer.is_global_zero and self._due(trainer):
+            for name, parameter in pl_module.model.named_parameters():
+                tensorboard.experiment.add_histogram(f"weights/{name}", parameter.detach().float().cpu(),
+                                                     trainer.global_step)
+                if name in self.gradients:  # the epoch's last step's
+                    tensorboard.experiment.add_histogram(f"gradients/{name}", self.gradients[name].float().cpu(),
+                                                         trainer.global_step)
+        self.gradients = {}

@@ -27,7 +27,7 @@ from project.errors import UsageError, first_line
 from project.internals import file_writer
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.slurm import cluster_plugins
-from project.results.tensorboard_figures import TensorBoardFigures
+from project.results.tensorboard_figures import ModelInTensorBoard, TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
     EpochStats,
@@ -195,7 +195,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
         ]
     if config.early_stopping is not None:
         callbacks.append(EarlyStopping(monitor="val/acc", mode="max", patience=config.early_stopping))
-    callbacks += [EpochStats(), TensorBoardFigures()]
+    callbacks += [EpochStats(), TensorBoardFigures(), ModelInTensorBoard(config.log_histograms, config.log_graph)]
     if config.device_stats:
         callbacks.append(DeviceStatsMonitor(cpu_stats=True))
     return callbacks
