@@ -184,6 +184,19 @@ def parse_check_recipe_args(description: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def parse_new_recipe_args(description: str | None) -> argparse.Namespace:
+    parser = _tool_parser("new_recipe.py", description)
+    parser.add_argument("name", type=argparse_type(folder_name), help="the recipe's name, and its package's")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", metavar="DIR", help="a folder of class folders of images (or train/ and test/ "
+                        "holding them), any sizes, grey or colour")
+    source.add_argument("--from", dest="from_package", metavar="PACKAGE", help="copy this recipe package instead "
+                        "(dotted, as PROJECT_RECIPE names it: tests.second_recipe)")
+    parser.add_argument("--out", default=".", help="the folder to write the package NAME in (default: here; "
+                        "PROJECT_RECIPE=NAME finds it when the scripts run from here)")
+    return parser.parse_args()
+
+
 def parse_predict_args(recipe: Recipe, description: str | None) -> argparse.Namespace:
     parser = _tool_parser("predict.py", description)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR")

@@ -190,11 +190,15 @@ class TensorDataModule(L.LightningDataModule):
         return with_image(path, use)
 
     def read_image(self, path: str | os.PathLike) -> torch.Tensor:
-        """An image file as one network input: resized to ``input_shape``, turned to the training images'
-        polarity, normalised (``ImageError`` if unusable)."""
+        """An image file as one network input: ``read_pixels``, normalised (``ImageError`` if unusable)."""
+        return self.normalize(self.read_pixels(path))
+
+    def read_pixels(self, path: str | os.PathLike) -> torch.Tensor:
+        """An image file as ``[0, 1]`` pixels of ``input_shape``, turned to the training images' polarity: a
+        per-sample recipe that reads its files with it trains on exactly what ``predict.py`` gives the network."""
         from project.results.image_files import read_resized
 
-        return self.normalize(read_resized(path, self.input_shape, self.dark_background()))
+        return read_resized(path, self.input_shape, self.dark_background())
 
     def dark_background(self) -> bool | None:
         """The training images' polarity, from their mean brightness (``mean``): True for light on dark (below

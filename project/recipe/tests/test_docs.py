@@ -22,7 +22,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"(?:\.venv/bin/)?python3? scripts/(\w+)\.py((?:[^`\n#]|#(?!\s))*)")
 MAKE_TRAIN = re.compile(r'make (train) ARGS="([^"]*)"')
 TOOL_PARSERS = ("evaluate", "predict", "sweep", "benchmark", "runs", "check_gpu", "plot_scalars", "check_recipe",
-                "engine_size", "install_torch")
+                "engine_size", "install_torch", "new_recipe")
 # Run in a fresh interpreter, from a folder like a clone after a run: each command's parser on its argv.
 PARSE_EACH = """
 import json, sys
@@ -52,7 +52,7 @@ for where, script, argv in json.loads(sys.argv[1]):
             sys.modules["install_torch"] = module
             spec.loader.exec_module(module)
             module.parser().parse_args(argv)
-        elif script in ("check_gpu", "check_recipe", "engine_size"):
+        elif script in ("check_gpu", "check_recipe", "engine_size", "new_recipe"):
             getattr(cli, f"parse_{script}_args")(None)
         else:
             getattr(cli, f"parse_{script}_args")(recipe, None)

@@ -1,0 +1,179 @@
+"""`scripts/new_recipe.py`: a folder of class folders of images becomes a recipe that passes its checks and trains
+at once; its data is read as predict.py reads an image, so the two agree; mistakes are one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from helpers import run_script
+from project.errors import UsageError
+from project.results.image_files import read_resized
+from project.scaffold import recipe_from_images, recipe_from_package, survey
+
+SHAPES = ("circle", "square", "triangle")
+
+
+def draw_shapes(root: Path, per_class: int = 60, seed: int = 0, modes: tuple[str, ...] = ("L", "RGB")) -> Path:
+    """A light shape on a dark ground at a random place, in images of several sizes, grey and colour mixed."""
+    rng = random.Random(seed)
+    for name in SHAPES:
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            width, height = rng.choice([(40, 40), (64, 48), (30, 36), (80, 80)])
+            mode = modes[index % len(modes)]
+            image = Image.new(mode, (width, height), 30 if mode == "L" else (20, 30, 40))
+            side = min(width, height) // 2
+            x, y = rng.randint(0, width - side), rng.randint(0, height - side)
+            fill = 220 if mode == "L" else (rng.randint(150, 255), rng.randint(150, 255), rng.randint(100, 255))
+            draw = ImageDraw.Draw(image)
+            if name == "circle":
+                draw.ellipse([x, y, x + side, y + side], fill=fill)
+            elif name == "square":
+                draw.rectangle([x, y, x + side, y + side], fill=fill)
+            else:
+                draw.polygon([(x, y + side), (x + side, y + side), (x + side // 2, y)], fill=fill)
+            image.save(root / name / f"{index:03d}.png")
+    return root
+
+
+def written_data_module(package: Path):
+    spec = importlib.util.spec_from_file_location(f"_{package.name}_data_under_test", package / "data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_a_folder_of_images_becomes_a_recipe_that_checks_trains_and_predicts_as_it_evaluates(tmp_path):
+    images = draw_shapes(tmp_path / "pictures")
+    made = run_script("new_recipe.py", "shapes3", "--images", str(images), "--out", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith(f"recipe shapes3 written to {tmp_path / 'shapes3'}: 3 classes (circle, square, "
+                                  "triangle), inputs 3x40x40")
+    assert f"next: PYTHONPATH={tmp_path} PROJECT_RECIPE=shapes3 .venv/bin/python scripts/train.py" in made.stdout
+    env = {"PROJECT_RECIPE": "shapes3", "PYTHONPATH": str(tmp_path)}
+    checked = run_script("check_recipe.py", env=env)
+    assert checked.returncode == 0 and "all 10 checks passed" in checked.stdout, checked.stdout + checked.stderr
+    logs = tmp_path / "logs"
+    env = {**{k: v for k, v in os.environ.items() if k != "DATA_DIR"}, **env}  # its data is the recipe's default
+    trained = run_script("train.py", "--max-epochs", "2", "--logdir", str(logs), env=env)
+    assert trained.returncode == 0, trained.stderr
+    results = json.loads(next(logs.glob("shapes3/version_0/results.json")).read_text())
+    assert results["test/acc"] > 0.6  # three classes: chance is a third
+    evaluated = run_script("evaluate.py", "--logdir", str(logs), "--json", env=env)
+    assert evaluated.returncode == 0, evaluated.stderr
+    evaluation = json.loads(evaluated.stdout)
+    test_files = written_data_module(tmp_path / "shapes3").ImageFolders(data_dir=images).load_samples(False).files
+    assert evaluation["samples"] == len(test_files) == 36  # a fifth of each class held out
+    predicted = run_script("predict.py", "--logdir", str(logs), "--json", *[str(path) for path, _ in test_files],
+                           env=env)
+    assert predicted.returncode == 0, predicted.stderr
+    rows = json.loads(predicted.stdout)["results"]
+    confusion = torch.zeros(3, 3, dtype=torch.long)
+    for row, (_, label) in zip(rows, test_files, strict=True):
+        confusion[label, row["class"]] += 1
+    assert confusion.tolist() == evaluation["confusion_matrix"]  # file by file, the same pixels
+
+
+def test_the_declared_statistics_are_the_training_images_as_the_recipe_reads_them(tmp_path):
+    images = draw_shapes(tmp_path / "pictures", per_class=10)
+    made = recipe_from_images("measured", images, tmp_path)
+    data = written_data_module(made.package)
+    train = data.ImageFolders(data_dir=images).load_samples(True).files
+    assert len(train) == 24 and {label for _, label in train} == {0, 1, 2}  # 2 of each 10 held out for testing
+    pixels = torch.stack([read_resized(path, (3, 40, 40)) for path, _ in train]).double()
+    assert made.mean == pytest.approx(tuple(pixels.mean((0, 2, 3)).tolist()), abs=1e-4)
+    assert made.std == pytest.approx(tuple(pixels.std((0, 2, 3), unbiased=False).tolist()), abs=1e-4)
+    assert data.ImageFolders.mean == made.mean and data.ImageFolders.input_shape == (3, 40, 40)
+    assert sorted(p.parent.name for p in (made.package / "examples").rglob("*.png")) == sorted(
+        name for name in SHAPES for _ in range(8))  # every training image, at most a class's share
+
+
+@pytest.mark.parametrize("modes, channels", [(("L",), 1), (("L", "RGB"), 3), (("P",), 3)])
+def test_grey_images_make_a_one_channel_recipe_and_any_colour_three(tmp_path, modes, channels):
+    assert survey(draw_shapes(tmp_path / "pictures", per_class=3, modes=modes)).channels == channels
+
+
+def test_a_split_on_disk_is_used_as_it_is(tmp_path):
+    draw_shapes(tmp_path / "pictures" / "train", per_class=6)
+    draw_shapes(tmp_path / "pictures" / "test", per_class=2, seed=1)
+    made = recipe_from_images("split", tmp_path / "pictures", tmp_path)
+    module = written_data_module(made.package).ImageFolders(data_dir=tmp_path / "pictures")
+    assert len(module.load_samples(True)) == 18 and len(module.load_samples(False)) == 6
+
+
+def one_class(root: Path) -> None:
+    draw_shapes(root, 2)
+    for name in SHAPES[1:]:
+        shutil.rmtree(root / name)
+
+
+def an_empty_class(root: Path) -> None:
+    draw_shapes(root, 2)
+    for path in (root / "square").iterdir():
+        path.unlink()
+
+
+def a_broken_image(root: Path) -> None:
+    draw_shapes(root, 2)
+    (root / "circle" / "000.png").write_text("text")
+
+
+def flat_colours(root: Path) -> None:
+    for folder in (root / "a", root / "b"):
+        folder.mkdir(parents=True)
+        for index in range(2):
+            Image.new("L", (20, 20), 9).save(folder / f"{index}.png")
+
+
+MISTAKES = [
+    (one_class, "needs a folder of images for each class \\(at least 2\\), found 1"),
+    (an_empty_class, "square holds too few images"),
+    (a_broken_image, "circle/000.png: not an image file"),
+    (flat_colours, "every training image is one flat colour"),
+]
+
+
+@pytest.mark.parametrize("make, message", MISTAKES, ids=[make.__name__ for make, _ in MISTAKES])
+def test_a_folder_that_cannot_be_a_recipes_data_is_one_line_and_leaves_nothing(tmp_path, make, message):
+    make(tmp_path / "pictures")
+    with pytest.raises(UsageError, match=message):
+        recipe_from_images("mistaken", tmp_path / "pictures", tmp_path / "out")
+    assert not (tmp_path / "out" / "mistaken").exists()
+
+
+@pytest.mark.parametrize("name, message", [("My-Recipe", "lower case letters"), ("json", "exists already"),
+                                           ("class", "lower case letters"), ("taken", "exists already")])
+def test_a_name_that_cannot_be_a_package_is_refused(tmp_path, name, message):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(UsageError, match=message):
+        recipe_from_images(name, tmp_path / "nowhere", tmp_path)
+
+
+def test_the_script_says_a_mistake_in_one_line(tmp_path):
+    done = run_script("new_recipe.py", "fine", "--images", str(tmp_path / "nowhere"), "--out", str(tmp_path))
+    assert done.returncode == 2 and done.stderr == f"new_recipe.py: error: --images {tmp_path / 'nowhere'}: no such " \
+                                                   "folder\n"
+
+
+def test_another_recipe_is_copied_under_the_new_name(tmp_path, monkeypatch):
+    made = recipe_from_package("bars2", "tests.second_recipe", tmp_path)
+    assert not (made.package / "__pycache__").exists()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from project.contract import load_recipe
+
+    recipe = load_recipe("bars2")
+    assert recipe.name == "bars2" and recipe.module_class().__name__ == "LitCNN"
+    with pytest.raises(UsageError, match="--from tests.nothing_here: no such package"):
+        recipe_from_package("bars3", "tests.nothing_here", tmp_path)
+    sys.modules.pop("bars2", None)
