@@ -398,6 +398,31 @@ MUTANTS = (
            'tests/disk_recipe/data.py', 'return inputs.flip(-1) if',
            'return inputs.flip(-1)[..., 1:] if',
            (DISK_RECIPE_CHECKS,)),
+    Mutant('lr-not-scaled-for-several-processes', 'the LR follows the global batch of several processes by default',
+           'project/training/tuning.py',
+           'return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)',
+           'return config.scale_lr is True',
+           ("tests/test_gpu_toolkit.py::test_the_lr_follows_the_global_batch_of_several_processes_unless_told_not_to",)),
+    Mutant('new-recipe-statistics-of-some-files', "a new recipe declares its training images' mean and std",
+           'project/scaffold.py', 'mean, std = measured_statistics(folder, train)',
+           'mean, std = measured_statistics(folder, train[: len(train) // 2])',
+           ("tests/test_new_recipe.py::test_the_declared_statistics_are_the_training_images_as_the_recipe_reads_them",)),
+    Mutant('histograms-without-gradients', 'histograms show each weight and its last gradient',
+           'project/results/tensorboard_figures.py',
+           '{name: p.grad for name, p in pl_module.model.named_parameters() if p.grad is not None}', '{}',
+           ("tests/test_after_training.py::test_histograms_every_n_epochs_and_the_graph_on_request_change_no_training",)),
+    Mutant('sweep-estimate-one-trial-too-many', "a trial's line estimates the rest of its worker's trials",
+           'project/sweeps/study.py', 'statistics.fmean(seconds_each) * trials_left',
+           'statistics.fmean(seconds_each) * (trials_left + 1)',
+           ("tests/test_sweeps.py::test_the_rest_of_a_workers_trials_is_estimated_from_those_it_ran",)),
+    Mutant('conformance-on-the-installed-recipe-only', 'the conformance tests check the recipe a user names',
+           'tests/conftest.py', 'os.environ.get("PROJECT_RECIPE", "project.recipe")', '"project.recipe"',
+           ("tests/test_documented_promises.py::test_the_conformance_tests_check_the_recipe_a_user_names",)),
+    Mutant('cuda-build-where-the-cpu-index-answers', 'a machine without an NVIDIA GPU gets the CPU build of torch',
+           'scripts/install_torch.py',
+           'return Build.CPU_FROM_CPU_INDEX if cpu_index_reachable else Build.CUDA_FOR_WANT_OF_THE_CPU_INDEX',
+           'return Build.CUDA_FOR_WANT_OF_THE_CPU_INDEX',
+           ("tests/test_install.py::test_the_build_is_chosen_by_the_gpu_and_the_index",)),
 )
 
 
@@ -406,7 +431,8 @@ def copy_template(destination: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for folder in ("project", "scripts", "slurm", "tests"):  # slurm/: the SLURM tests submit its script
         shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
-    shutil.copy(ROOT / "pyproject.toml", destination / "pyproject.toml")
+    for file in ("pyproject.toml", "constraints.txt", "Makefile"):  # read by the tests of installing
+        shutil.copy(ROOT / file, destination / file)
     return destination
 
 

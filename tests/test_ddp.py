@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,11 @@ def test_two_cpu_processes_write_once_and_match_a_single_process_evaluation(unin
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_batch"] == 64
     assert "global batch 64 = 32 per device x 2 device(s)" in uninterrupted_ddp["output"]
+    # Two processes double the global batch: the LR follows it by the linear scaling rule unless told otherwise.
+    scaled = re.search(r"; lr (\S+) \((\S+) x 64/(\d+), the linear scaling rule; --scale-lr auto: 2 processes\)",
+                       uninterrupted_ddp["output"])
+    assert scaled, uninterrupted_ddp["output"]
+    assert float(scaled[1]) == pytest.approx(float(scaled[2]) * 64 / int(scaled[3]), rel=1e-3)
     assert "steps per call 1 (auto: DDP all-reduces gradients once per forward" in uninterrupted_ddp["output"]
     assert output.count("test/acc ") == 1
     single = single_process_test(results["best_checkpoint"], uninterrupted_ddp["data"])

@@ -63,6 +63,14 @@ def test_16_mixed_on_cpu_is_explained_and_scale_lr_uses_the_global_batch(shared_
     assert "precision bf16-mixed; lr 0.4" in result.summary()
 
 
+@pytest.mark.parametrize("asked, world_size, scales", [("auto", 1, False), ("auto", 2, True), (False, 2, False),
+                                                      (True, 1, True), (True, 2, True)])
+def test_the_lr_follows_the_global_batch_of_several_processes_unless_told_not_to(asked, world_size, scales):
+    from project.training.tuning import scales_lr
+
+    assert scales_lr(RunConfig(scale_lr=asked), world_size) is scales
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("given", [1, 256])
 def test_tuner_flags_find_and_use_a_batch_size_and_an_lr(shared_tiny_data, tmp_path, caplog, given):

@@ -115,8 +115,9 @@ class RunConfig:
                              "per optimizer step", "recipe")
     warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
                                        "of the run's steps)", "recipe", metavar="N")
-    scale_lr: bool = setting(False, flag, "linear scaling rule: lr x global batch / the default --batch-size",
-                             "recipe")
+    scale_lr: bool | str = setting("auto", flag_or_auto, "linear scaling rule: lr x global batch / the recipe's "
+                                   "--batch-size (auto: when the run has several processes, whose global batch "
+                                   "grows with them)", "recipe")
     find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
     early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "

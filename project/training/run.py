@@ -46,7 +46,7 @@ from project.training.data_card import DataCard, announce, checked_data_card, lo
 from project.training.plan import planned_steps
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule
-from project.training.tuning import tune
+from project.training.tuning import LrScaling, tune
 
 
 @dataclass
@@ -73,6 +73,7 @@ class RunResult:
     program: Path | None = None
     program_input: str = ""
     config_file: Path | None = None
+    lr_scaling: LrScaling | None = None
 
     @property
     def steps_per_call(self) -> int:
@@ -86,6 +87,13 @@ class RunResult:
                 "global_batch": self.global_batch, "world_size": self.world_size, "precision": config.precision,
                 "lr": config.lr}
 
+    def scaled(self) -> str:
+        scaling = self.lr_scaling
+        if scaling is None:
+            return ""
+        why = f"--scale-lr auto: {self.world_size} processes" if scaling.auto else "--scale-lr"
+        return f" ({scaling.given:g} x {scaling.batch}/{scaling.base_batch}, the linear scaling rule; {why})"
+
     def summary(self, with_test_metrics: bool = True) -> str:
         config = self.config
         memory = f"max allocated on {self.device}" if self.device.startswith("cuda") else "peak resident set"
@@ -93,7 +101,7 @@ class RunResult:
         lines += [
             f"global batch {self.global_batch} = {config.batch_size} per device x "
             f"{self.devices} device(s) x {config.num_nodes} node(s); "
-            f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}",
+            f"world size {self.world_size}; precision {config.precision}; lr {config.lr:g}{self.scaled()}",
             f"peak memory {self.peak_memory_mb:.0f} MiB ({memory})",
             f"steps per call {self.steps.k} ({self.steps.describe_k()})",
         ]
@@ -215,8 +223,9 @@ def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | 
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None)
         try:
-            config = record.config = tune(trainer, model, datamodule, config,
-                                          base_batch=settings_of(recipe)["batch_size"].default)
+            config, scaling = tune(trainer, model, datamodule, config,
+                                   base_batch=settings_of(recipe)["batch_size"].default)
+            record.config = config
             RunFolder.log_settings(trainer, config)
             log_card(trainer, plan.card)
             config_file = folder.save_config(config) if folder is not None else None
@@ -232,7 +241,7 @@ def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | 
                 peak_memory_mb=peak_memory_mb(device), device=str(device),
                 epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
                 config_file=config_file, optimizer_steps=trainer.global_step,
-                steps=plan.stepper.taken(datamodule.steps_per_call),
+                steps=plan.stepper.taken(datamodule.steps_per_call), lr_scaling=scaling,
             )
             if trainer.is_global_zero and not config.fast_dev_run:
                 finish(trainer, model, result, signals, on_tested if test else None)

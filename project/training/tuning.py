@@ -6,6 +6,7 @@ import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -49,17 +50,32 @@ def check_tuning(config: RunConfig, world_size: int) -> None:
         raise UsageError("--find-batch-size and --find-lr need real training steps; drop --fast-dev-run")
 
 
+@dataclass(frozen=True)
+class LrScaling:
+    """The linear scaling rule as applied: ``given`` x ``batch`` / ``base_batch``; ``auto`` when the run's
+    several processes asked for it (their global batch grows with them), not the user."""
+
+    given: float
+    batch: int
+    base_batch: int
+    auto: bool
+
+
+def scales_lr(config: RunConfig, world_size: int) -> bool:
+    return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)
+
+
 def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig,
-         base_batch: int) -> RunConfig:
+         base_batch: int) -> tuple[RunConfig, LrScaling | None]:
     """Apply --find-batch-size, --find-lr and --scale-lr (from ``base_batch``, the batch the default LR is for), in
-    that order; return the config as trained.
+    that order; return the config as trained, and the LR scaling if there was one.
 
     The returned config holds the batch size and LR found, with the tuner flags off, so that
     ``--config`` of the saved ``config.yaml`` repeats the run without tuning again.
     """
     check_tuning(config, trainer.world_size)
-    if not config.wants_tuner and not config.scale_lr:
-        return config
+    if not config.wants_tuner and not scales_lr(config, trainer.world_size):
+        return config, None
     from lightning.pytorch.tuner import Tuner
 
     tuner = Tuner(trainer)
@@ -68,12 +84,14 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
             find_batch_size(tuner, model, datamodule)
         if config.find_lr:
             find_lr(tuner, model, datamodule, trainer)
-    if not config.find_lr and config.scale_lr:
-        batch = global_batch(trainer, datamodule.batch_size)
-        model.hparams.lr = config.lr * batch / base_batch
-        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {batch}/{base_batch} = {model.hparams.lr:g}")
+    scaling = None
+    if not config.find_lr and scales_lr(config, trainer.world_size):
+        scaling = LrScaling(config.lr, global_batch(trainer, datamodule.batch_size), base_batch,
+                            auto=config.scale_lr == "auto")
+        model.hparams.lr = config.lr * scaling.batch / base_batch
+        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams.lr:g}")
     return config.replace(batch_size=datamodule.batch_size, lr=model.hparams.lr, scale_lr=False, find_lr=False,
-                          find_batch_size=False)
+                          find_batch_size=False), scaling
 
 
 @contextmanager

@@ -30,6 +30,18 @@ def test_default_recipe_reaches_98_percent_and_model_pth_matches(default_run, re
     assert accuracy == pytest.approx(reported, abs=2e-4)
 
 
+@pytest.mark.slow
+def test_the_design_cards_two_device_command_keeps_the_promise(real_data_dir, tmp_path):
+    """`--devices 2 --precision 16-mixed` (two CPU processes here) doubles the global batch; the linear scaling rule,
+    on by default with several processes, keeps the default recipe at >= 98 %, and the summary says so."""
+    done = run_script("train.py", "--devices", "2", "--precision", "16-mixed", "--data-dir", str(real_data_dir),
+                      "--logdir", str(tmp_path / "logs"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert float(summary_value(done.stdout, "test/acc")) >= 0.980, done.stdout
+    assert ("global batch 512 = 256 per device x 2 device(s) x 1 node(s); world size 2; precision bf16-mixed; lr 0.4 "
+            "(0.2 x 512/256, the linear scaling rule; --scale-lr auto: 2 processes)") in done.stdout
+
+
 def write_transformed_digits(data_dir: Path, out: Path, count: int = 200, seed: int = 0) -> dict[str, int]:
     """Real MNIST test digits as a user's scans would look: PNG/JPEG, grayscale/RGB/RGBA, either
     polarity, other sizes, padded and off-centre. Returns file name -> true label."""
