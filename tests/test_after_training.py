@@ -343,3 +343,21 @@ def test_histograms_and_the_graph_need_tensorboard(shared_tiny_data, tmp_path):
         tiny_config(shared_tiny_data, tmp_path, logger="csv", log_histograms=1)
     with pytest.raises(UsageError, match="--log-graph writes to TensorBoard"):
         tiny_config(shared_tiny_data, tmp_path, logger="csv", log_graph=True)
+
+
+def test_a_run_records_its_recipe_and_data_and_its_config_is_refused_by_another_recipe(trained, capsys):
+    from helpers import parse_run_command_of
+    from project.contract import load_recipe
+
+    record = json.loads((trained["run"] / "run.json").read_text())
+    assert record["recipe"] == "tests.tiny_recipe" and record["data_dir"] == str(trained["data"].resolve())
+    saved = (trained["run"] / "config.yaml").read_text()
+    assert saved.startswith("recipe: tests.tiny_recipe\n") and f"data_dir: {trained['data'].resolve()}\n" in saved
+    config_file = str(trained["run"] / "config.yaml")
+    assert parse_run_command_of(tiny_recipe(), ["--config", config_file]).data_dir == str(trained["data"].resolve())
+    with pytest.raises(SystemExit) as refused:
+        parse_run_command_of(load_recipe("tests.second_recipe"), ["--config", config_file])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.endswith(f"--config {config_file}: made for recipe 'tests.tiny_recipe', and the "
+                                            "recipe here is tests.second_recipe: run it with "
+                                            "PROJECT_RECIPE=tests.tiny_recipe\n")

@@ -333,6 +333,7 @@ def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
     passthrough: dict[str, Any] = {}
     given: set[str] = set()
     for values, source in layers:
+        _check_recipe_key(values, source, recipe)
         layer, trainer = _checked_layer(values, source, known)
         given.update(layer)
         settings.update(layer)
@@ -344,6 +345,15 @@ def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
     options = {name: settings.pop(name) for name in recipe.options}
     config = RunConfig(**settings, options=options, trainer=passthrough)
     return config, frozenset([*given, *(f"trainer.{key}" for key in passthrough)])
+
+
+def _check_recipe_key(values: Mapping[str, Any], source: str, recipe: Recipe) -> None:
+    """A run's config.yaml names its recipe: read with another one installed, its options would be another
+    model's."""
+    named = values.get("recipe")
+    if named is not None and named != recipe.package:
+        raise UsageError(f"{source or '--recipe'}: made for recipe {shown(named)}, and the recipe here is "
+                         f"{recipe.package}: run it with PROJECT_RECIPE={named}")
 
 
 def _label(source: str, key: str, trainer: bool = False) -> str:
@@ -360,7 +370,7 @@ def _checked_layer(values: Mapping[str, Any], source: str,
         raise UsageError(f"{_label(source, 'trainer')}: expected a mapping of Trainer arguments")
     for key, value in values.items():
         name = str(key).replace("-", "_")
-        if name == "trainer":
+        if name in ("trainer", "recipe"):
             continue
         if name not in known:
             raise UsageError(f"{source}: unknown key {shown(key)} (keys are train.py flag names, e.g. max_epochs)")

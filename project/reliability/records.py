@@ -74,6 +74,8 @@ RUN_FIELDS: Mapping[str, tuple[Check, str]] = {
     "step": (_optional(_count), "a step number"),
     "best_checkpoint": (_optional(_text), "a file name"),
     "best_score": (_optional(_finite), "a finite number"),
+    "recipe": (_text, "a recipe's package"),
+    "data_dir": (_text, "a folder"),
 }
 RESULT_FIELDS: Mapping[str, tuple[Check, str]] = {
     "test/acc": (_share, "an accuracy between 0 and 1"),

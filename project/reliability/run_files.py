@@ -81,7 +81,7 @@ def _check_writable_dir(folder: Path, flag: str) -> None:
             pass  # the folder was not there to write in: reported above
 
 
-def claim_run_folder(config: RunConfig, resuming: bool = False) -> RunConfig:
+def claim_run_folder(config: RunConfig, resuming: bool = False, recipe: str | None = None) -> RunConfig:
     """Make the run's folder now, atomically (``mkdir`` fails if it exists): runs started at the same
     moment never share one; then hold it (``runs.own``) and start its record. Rank 0 claims it; the
     ranks Lightning starts later are told its name. ``resuming``: the folder is the run's own, held
@@ -111,7 +111,7 @@ def claim_run_folder(config: RunConfig, resuming: bool = False) -> RunConfig:
     runs.own(folder, "--run-version" if config.run_version else "--logdir")
     if existed and not resuming:
         start_over_in(folder)  # --resume auto, and nothing to resume from yet
-    runs.start_record(folder, config.trainer, resumed=resuming)
+    runs.start_record(folder, config.trainer, resumed=resuming, recipe=recipe, data_dir=config.data_dir)
     os.environ[RUN_VERSION_ENV] = version
     return config.replace(run_version=version)
 
@@ -227,13 +227,15 @@ def finished_results(folder: Path) -> dict[str, Any] | None:
     return results if weights and Path(weights).is_file() else None
 
 
-def save_config(folder: Path, config: RunConfig) -> Path:
-    """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run."""
+def save_config(folder: Path, config: RunConfig, recipe: str | None = None) -> Path:
+    """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run, with the recipe they
+    are for (``--config`` of another recipe's file is refused)."""
     import yaml
 
     path = folder / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(redact_values(config.to_mapping()), sort_keys=False))
+    mapping = {**({"recipe": recipe} if recipe else {}), **config.to_mapping()}
+    path.write_text(yaml.safe_dump(redact_values(mapping), sort_keys=False))
     return path
 
 

@@ -35,7 +35,7 @@ class RunFolder:
 
     @classmethod
     @contextmanager
-    def opened(cls, config: Any, resuming: bool) -> Iterator[tuple[RunFolder | None, Any]]:
+    def opened(cls, config: Any, resuming: bool, recipe: str | None = None) -> Iterator[tuple[RunFolder | None, Any]]:
         """Claim the folder ``config`` names (or the next ``version_N``), hold it and record the start; yield it
         with the config that names it (``None`` for a run that writes no files: ``--fast-dev-run``, ranks other
         than 0). On the way out: how the run ended, recorded; a folder a refusal left empty, removed; the lock
@@ -44,7 +44,7 @@ class RunFolder:
         named = Path(config.logdir) / config.name / str(config.run_version)
         existed = config.run_version is not None and named.exists()
         try:
-            config = run_files.claim_run_folder(config, resuming=resuming)
+            config = run_files.claim_run_folder(config, resuming=resuming, recipe=recipe)
             writes = internals.is_rank_zero() and not config.fast_dev_run
             folder = cls(Path(config.logdir) / config.name / str(config.run_version)) if writes else None
             try:
@@ -86,8 +86,8 @@ class RunFolder:
         the run trains."""
         run_files.check_outputs_writable(config)
 
-    def save_config(self, config: Any) -> Path:
-        return run_files.save_config(self.path, config)
+    def save_config(self, config: Any, recipe: str | None = None) -> Path:
+        return run_files.save_config(self.path, config, recipe)
 
     @property
     def saved_config(self) -> dict[str, Any]:

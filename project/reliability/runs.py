@@ -50,11 +50,13 @@ def write_record(folder: Path, **changes: Any) -> None:
         raise
 
 
-def start_record(folder: Path, trainer_args: dict[str, Any], resumed: bool) -> None:
-    """A new run's record, or a resumed one's set running again."""
+def start_record(folder: Path, trainer_args: dict[str, Any], resumed: bool, recipe: str | None = None,
+                 data_dir: str | None = None) -> None:
+    """A new run's record, or a resumed one's set running again; with the recipe and the data it trains on."""
     limited = sorted(key for key in LIMITS if changes_the_default(key, trainer_args))
     changes: dict[str, Any] = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
                                "limited": limited, "error": None}
+    changes.update({key: value for key, value in (("recipe", recipe), ("data_dir", data_dir)) if value is not None})
     if not resumed or "started" not in read_record(folder):
         changes["started"] = time.time()
     write_record(folder, **changes)

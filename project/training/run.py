@@ -167,7 +167,8 @@ def train(config: RunConfig, recipe: Recipe, *, datamodule: TensorDataModule | N
     job_end = DdpJobEnd()
     try:
         plan = plan_run(config, recipe, datamodule, test)
-        with RunFolder.opened(plan.config, resuming=plan.resume is not None) as (folder, config):  # after refusals
+        with RunFolder.opened(plan.config, resuming=plan.resume is not None, recipe=recipe.package) as (folder,
+                                                                                                          config):
             result = run_plan(plan, recipe, config, folder, [job_end, *callbacks], test, on_tested)
     finally:
         RunFolder.release_all()  # a resume's folder is held from the moment it is chosen
@@ -228,7 +229,7 @@ def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | 
             record.config = config
             RunFolder.log_settings(trainer, config)
             log_card(trainer, plan.card)
-            config_file = folder.save_config(config) if folder is not None else None
+            config_file = folder.save_config(config, recipe.package) if folder is not None else None
             with reported_failures(folder.path if folder is not None else None):
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
                 metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
