@@ -14,7 +14,9 @@ trap 'rm -rf "$WORK"' EXIT
     echo "## The default run: \`scripts/train.py\`"
     echo
     echo '```'
-    "$PY" scripts/train.py --logdir "$WORK/runs" 2>/dev/null | sed "s|$WORK/runs|lightning_logs|g"
+    "$PY" scripts/train.py --logdir "$WORK/runs" 2> "$WORK/progress" > "$WORK/summary"
+    grep '^epoch ' "$WORK/progress" | tail -n 1  # the last of the epoch lines (stderr, not a terminal)
+    sed "s|$WORK/runs|lightning_logs|g" "$WORK/summary"
     echo '```'
     for batch in 64 256; do
         echo

@@ -92,3 +92,16 @@ def test_every_documented_command_parses(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     refused = json.loads(done.stdout.strip().splitlines()[-1])
     assert not refused, f"commands the scripts refuse: {refused}\n{done.stderr}"
+
+
+def shown_block(page: Path, heading: str) -> str:
+    """The first fenced block after ``heading`` on ``page``."""
+    text = page.read_text()
+    after = text[text.index(heading):]
+    return after.split("```\n", 2)[1]
+
+
+def test_the_readme_shows_the_run_output_make_figures_wrote() -> None:
+    written = shown_block(ROOT / "docs" / "figures.md", "## The default run")
+    assert written.startswith("epoch ") and "\ntest/acc " in written  # the last epoch line, then the summary
+    assert shown_block(ROOT / "README.md", "## What a run prints") == written
