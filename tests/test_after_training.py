@@ -100,8 +100,10 @@ def test_a_run_records_its_data_and_evaluate_uses_it_in_a_new_shell(shared_tiny_
     assert trained.returncode == 0, trained.stderr
     run = logs / "tiny" / "version_0"
     assert yaml.safe_load((run / "config.yaml").read_text())["data_dir"] == str(shared_tiny_data.resolve())
-    shell = {key: value for key, value in os.environ.items() if key != "DATA_DIR"}
-    for source in (("--ckpt", "best"), ("--weights", str(run / "model.pth"))):
+    new_shell = {key: value for key, value in os.environ.items() if key != "DATA_DIR"}
+    elsewhere = {**new_shell, "DATA_DIR": str(tmp_path / "another-recipes-data")}  # exported for something else
+    for source, shell in ((("--ckpt", "best"), new_shell), (("--weights", str(run / "model.pth")), new_shell),
+                          (("--ckpt", "best"), elsewhere)):
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--logdir", str(logs), *source,
                                "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=shell)
         assert done.returncode == 0, done.stderr

@@ -89,7 +89,8 @@ def test_a_sweeps_best_yaml_holds_its_best_trial(tmp_path):
     text = report(study, tiny_recipe(), {"scheduler": "none"}, tmp_path)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["lr"] == 0.2 and best["scheduler"] == "none"
-    assert text.splitlines()[4].startswith("| 1 | 0.9700 |")  # the table's first row is the best trial
+    lines = text.splitlines()
+    assert lines[lines.index("|---:|---:|---|") + 1].startswith("| 1 | 0.9700 |")  # the first row: the best trial
 
 
 # ---------------------------------------------------------------- resumes

@@ -231,7 +231,9 @@ def test_sigkill_of_rank_zero_ends_the_other_ranks(data, tmp_path):
 def test_resuming_with_another_world_size_is_refused(uninterrupted_ddp, tmp_path):
     path = tmp_path / "ddp.ckpt"
     torch.save(uninterrupted_ddp["last"], path)
-    config = tiny_config(uninterrupted_ddp["data"], tmp_path / "logs", max_epochs=4, resume=str(path))
+    trained_lr = uninterrupted_ddp["last"]["run_record"]["config"]["lr"]  # scaled for its 2 processes, as adopted
+    config = tiny_config(uninterrupted_ddp["data"], tmp_path / "logs", max_epochs=4, resume=str(path), lr=trained_lr,
+                         scale_lr=False)
     with pytest.raises(UserError, match="the checkpoint was written by 2 process\\(es\\), this run has 1; .* resume "
                                         "with the same --devices and --num-nodes"):
         checkpoint_to_resume(config, tiny_recipe(), planned_steps(config, 640, 1), 1)

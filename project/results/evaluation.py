@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +76,10 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
 
 
 def test_data_dir(classifier: Classifier, given: str | None) -> str | None:
-    """Where the test set is read: ``--data-dir``, else ``$DATA_DIR``, else the data the classifier's run trained
-    on (as its run recorded it), else the recipe's default."""
-    if given or os.environ.get("DATA_DIR"):
-        return given
-    return classifier.data_dir
+    """Where the test set is read: ``--data-dir``, else the data the classifier's run trained on (as its run
+    recorded it), else ``$DATA_DIR`` or the recipe's default. A ``DATA_DIR`` exported for another recipe's data
+    does not override what the run recorded."""
+    return given or classifier.data_dir
 
 
 def recipe_data(recipe: Recipe, data_dir: str | None = None) -> Any:
