@@ -7,17 +7,16 @@ ARGS ?=
 
 .PHONY: train test test-fast lint benchmark mutation-check figures clean
 
-# What training needs; the test tools come with `make test`.
+# What training needs; the test tools come with `make test` (in one pip call: one resolve, not two).
+INSTALL = $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -U pip && $(PY) scripts/install_torch.py && $(PIP) -e
+
 $(VENV)/.installed: pyproject.toml constraints.txt scripts/install_torch.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -U pip
-	$(PY) scripts/install_torch.py
-	$(PIP) -e .
+	$(INSTALL) .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e ".[dev]"
-	touch $@
+$(VENV)/.installed-dev: pyproject.toml constraints.txt scripts/install_torch.py
+	$(INSTALL) ".[dev]"
+	touch $(VENV)/.installed $@
 
 train: $(VENV)/.installed
 	$(PY) scripts/train.py $(ARGS)

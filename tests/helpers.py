@@ -60,6 +60,65 @@ def run_script(script: str, *args: str, timeout: float = 300, env: dict | None =
     )
 
 
+def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 60,
+                    env: dict | None = None) -> subprocess.CompletedProcess:
+    """``run_script`` for a command that refuses before it trains: the script's own ``__main__`` in a process forked
+    from one that has imported torch and Lightning already (``multiprocessing``'s fork server), so that each run
+    does not pay their import again. The script runs as it would from a shell (its argv, this folder, its exit code,
+    stdout and stderr apart); only the interpreter's start is shared."""
+    import multiprocessing
+    import tempfile
+
+    global _WARM
+    if _WARM is None:
+        _WARM = multiprocessing.get_context("forkserver")
+        _WARM.set_forkserver_preload(["torch", "lightning", "project.api", "helpers"])
+    with tempfile.TemporaryDirectory() as scratch:
+        out, err = Path(scratch) / "out", Path(scratch) / "err"
+        process = _WARM.Process(target=_script_main, args=(str(ROOT / "scripts" / script), list(args), str(cwd),
+                                                            {**os.environ, **(env or {})}, str(out), str(err)))
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([script, *args], timeout)
+        return subprocess.CompletedProcess([script, *args], process.exitcode, out.read_text(), err.read_text())
+
+
+_WARM: Any = None
+
+
+def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The child of ``run_script_warm``: the script as ``python path args`` would run it."""
+    import runpy
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, file in ((1, out), (2, err)):
+        os.dup2(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, flushed at exit
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.argv = [path, *args]
+    code: int = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    except BaseException:  # noqa: BLE001 - what the interpreter would print for an uncaught error
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_in(template: Path, script: str, *args: str, timeout: float = 300,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder, on the

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script
+from helpers import ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script_warm
 from project.errors import ImageError, not_a_regular_file
 
 
@@ -26,7 +26,7 @@ def fifo(path: Path) -> Path:
 
 def finishes(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """A script run that must end by itself (a read from a pipe nobody writes to would block it for good)."""
-    return run_script(*args, timeout=timeout)
+    return run_script_warm(*args, timeout=timeout)
 
 
 def test_pipes_are_not_read_as_files(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, one_line_error, run_script
+from helpers import ROOT, one_line_error, run_script, run_script_warm
 
 # (file, what is written: a field and its value, or the whole file's bytes, the reason runs.py shows)
 CASES = [
@@ -124,7 +124,7 @@ def damaged_runs(trained, tmp_path_factory) -> dict:
 
 
 def test_runs_lists_each_damaged_run_with_its_reason_and_the_intact_one_as_it_is(damaged_runs):
-    done = run_script("runs.py", "--logdir", str(damaged_runs["logs"]), "--name", "tiny")
+    done = run_script_warm("runs.py", "--logdir", str(damaged_runs["logs"]), "--name", "tiny")
     assert done.returncode == 0 and done.stderr == "" and "Traceback" not in done.stdout, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
     for number, (_, _, reason) in enumerate(CASES, start=1):
@@ -141,7 +141,7 @@ def test_evaluate_and_predict_pass_over_damaged_runs_to_the_intact_one(damaged_r
 
         Image.new("L", (28, 28), 0).save(image)
     args = [str(image)] if script == "predict.py" else ["--data-dir", str(damaged_runs["data"])]
-    done = run_script(script, *args, "--logdir", str(damaged_runs["logs"]))
+    done = run_script_warm(script, *args, "--logdir", str(damaged_runs["logs"]))
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert f"{damaged_runs['parent'] / 'version_0'}" in done.stderr  # the one it used, said on stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, make_tiny_data
+from helpers import ROOT, make_tiny_data, run_script_warm
 from project.errors import UsageError
 
 
@@ -131,8 +131,7 @@ def test_each_hostile_attempt_ends_in_its_one_line(name, tmp_path):
     attempt = ATTEMPTS[name]
     lay_out(tmp_path, attempt.prepare)
     before = everything_in(tmp_path)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / attempt.script), *attempt.args],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # no hang
+    done = run_script_warm(attempt.script, *attempt.args, cwd=tmp_path, timeout=60)  # no hang
     output = done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in output, output
@@ -232,14 +231,12 @@ def test_another_recipes_checkpoint_is_refused_by_every_script_naming_both(train
 
     best = Path(trained["results"]["best_checkpoint"])
     bars = make_bars(tmp_path / "bars")
-    second = {**os.environ, "PROJECT_RECIPE": "tests.second_recipe"}
     logs = ("--data-dir", str(bars), "--logdir", str(tmp_path / "logs"))
     commands = [("evaluate.py", "--ckpt", str(best), "--data-dir", str(bars)),
                 ("train.py", "--resume", str(trained["run"] / "checkpoints" / "last.ckpt"), *logs),
                 ("train.py", "--init-from", str(best), *logs)]
     for script, *args in commands:
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True,
-                              text=True, timeout=120, env=second)
+        done = run_script_warm(script, *args, timeout=120, env={"PROJECT_RECIPE": "tests.second_recipe"})
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
         line = done.stderr.strip().splitlines()[-1]
         assert "trained by another recipe (tests.tiny_recipe.model:LitTiny), not by this one " \

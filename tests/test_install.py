@@ -62,8 +62,11 @@ def test_the_installer_says_in_one_line_what_it_installs():
 
 
 def test_make_installs_the_torch_build_before_the_project():
-    recipe = (ROOT / "Makefile").read_text().split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
-    assert recipe.index("scripts/install_torch.py") < recipe.index("-e .")
+    makefile = (ROOT / "Makefile").read_text()
+    install = makefile.split("INSTALL = ", 1)[1].split("\n", 1)[0]
+    assert install.index("scripts/install_torch.py") < install.index("$(PIP) -e")
+    for target, extras in (("$(VENV)/.installed:", "$(INSTALL) ."), ("$(VENV)/.installed-dev:", '$(INSTALL) ".[dev]"')):
+        assert extras in makefile.split(target, 1)[1].split("\n\n", 1)[0]
 
 
 def cpu_torch_wheel(folder: Path) -> Path:
