@@ -5,44 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import random
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
-from helpers import run_script
+from helpers import SHAPES, draw_shapes, run_script
 from project.errors import UsageError
 from project.results.image_files import read_resized
 from project.scaffold import recipe_from_images, recipe_from_package, survey
-
-SHAPES = ("circle", "square", "triangle")
-
-
-def draw_shapes(root: Path, per_class: int = 60, seed: int = 0, modes: tuple[str, ...] = ("L", "RGB")) -> Path:
-    """A light shape on a dark ground at a random place, in images of several sizes, grey and colour mixed."""
-    rng = random.Random(seed)
-    for name in SHAPES:
-        (root / name).mkdir(parents=True)
-        for index in range(per_class):
-            width, height = rng.choice([(40, 40), (64, 48), (30, 36), (80, 80)])
-            mode = modes[index % len(modes)]
-            image = Image.new(mode, (width, height), 30 if mode == "L" else (20, 30, 40))
-            side = min(width, height) // 2
-            x, y = rng.randint(0, width - side), rng.randint(0, height - side)
-            fill = 220 if mode == "L" else (rng.randint(150, 255), rng.randint(150, 255), rng.randint(100, 255))
-            draw = ImageDraw.Draw(image)
-            if name == "circle":
-                draw.ellipse([x, y, x + side, y + side], fill=fill)
-            elif name == "square":
-                draw.rectangle([x, y, x + side, y + side], fill=fill)
-            else:
-                draw.polygon([(x, y + side), (x + side, y + side), (x + side // 2, y)], fill=fill)
-            image.save(root / name / f"{index:03d}.png")
-    return root
 
 
 def written_data_module(package: Path):
