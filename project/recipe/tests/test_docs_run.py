@@ -97,7 +97,7 @@ def test_every_documented_command_runs_as_printed(real_data_dir: Path, tmp_path:
     what_a_reader_has(clone, home, real_data_dir)
     shell = {**{k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "PROJECT_RECIPE", "PYTHONPATH")},
              "HOME": str(home)}
-    failed, report = [], []
+    failed, report, outputs = [], [], {}
     for where, env, script, argv in commands():
         shown = " ".join([*(f"{k}={v}" for k, v in env.items()), f"scripts/{script}", *argv])
         why = skipped_why(argv)
@@ -112,6 +112,7 @@ def test_every_documented_command_runs_as_printed(real_data_dir: Path, tmp_path:
                               cwd=clone, env={**shell, **env}, capture_output=True, text=True, timeout=900)
         seconds = time.perf_counter() - started
         output = done.stdout + done.stderr
+        outputs[where] = done
         ok = done.returncode == 0 and "Traceback" not in output
         report.append(f"{where:18} {'ok  ' if ok else 'FAIL'} {seconds:5.1f} s  {shown}")
         if not ok:
@@ -119,3 +120,25 @@ def test_every_documented_command_runs_as_printed(real_data_dir: Path, tmp_path:
     print("\n".join(report))
     assert not failed, "\n".join(failed)
     assert len(report) >= 50
+    the_outputs_the_pages_show(outputs)
+
+
+def shown_block(page: str, after: str) -> list[str]:
+    text = (ROOT / page).read_text()
+    return text[text.index(after):].split("```\n", 2)[1].splitlines()
+
+
+def labels(lines: list[str]) -> list[str]:
+    """Each line's words before its first number or path: what a line says, not this run's values."""
+    return [re.match(r"[A-Za-z ]*[A-Za-z]", line).group() for line in lines]
+
+
+def the_outputs_the_pages_show(outputs: dict[str, subprocess.CompletedProcess]) -> None:
+    """The pages' sample outputs, as the commands printed them here (other values: other epochs)."""
+    run = outputs["article.md:17"]  # train.py --config article: a default run's output
+    printed = [line for line in run.stderr.splitlines() if line.startswith("epoch ")][-1:] + run.stdout.splitlines()
+    assert labels(printed) == labels(shown_block("README.md", "## What a run prints")), printed
+    card = shown_block("docs/adapt.md", "So every run measures them too")[0]
+    assert card in run.stderr.splitlines(), run.stderr  # MNIST's data card, exactly
+    listed = outputs["results.md:8"].stdout.splitlines()[0].split()
+    assert listed == shown_block("docs/results.md", "scripts/runs.py --logdir /scratch/logs")[0].split()
