@@ -123,9 +123,11 @@ def test_every_documented_command_runs_as_printed(real_data_dir: Path, tmp_path:
     the_outputs_the_pages_show(outputs)
 
 
-def shown_block(page: str, after: str) -> list[str]:
+def shown_block(page: str, first: str) -> list[str]:
+    """The lines of the page's first fenced block that starts with ``first``."""
     text = (ROOT / page).read_text()
-    return text[text.index(after):].split("```\n", 2)[1].splitlines()
+    return next(body.splitlines() for body in re.findall(r"^```\w*\n(.*?)^```", text, re.S | re.M)
+                if body.startswith(first))
 
 
 def labels(lines: list[str]) -> list[str]:
@@ -137,8 +139,8 @@ def the_outputs_the_pages_show(outputs: dict[str, subprocess.CompletedProcess]) 
     """The pages' sample outputs, as the commands printed them here (other values: other epochs)."""
     run = outputs["article.md:17"]  # train.py --config article: a default run's output
     printed = [line for line in run.stderr.splitlines() if line.startswith("epoch ")][-1:] + run.stdout.splitlines()
-    assert labels(printed) == labels(shown_block("README.md", "## What a run prints")), printed
-    card = shown_block("docs/adapt.md", "So every run measures them too")[0]
+    assert labels(printed) == labels(shown_block("README.md", "epoch ")), printed
+    card = shown_block("docs/adapt.md", "data: ")[0]
     assert card in run.stderr.splitlines(), run.stderr  # MNIST's data card, exactly
     listed = outputs["results.md:8"].stdout.splitlines()[0].split()
-    assert listed == shown_block("docs/results.md", "scripts/runs.py --logdir /scratch/logs")[0].split()
+    assert listed == shown_block("docs/results.md", "run ")[0].split()
