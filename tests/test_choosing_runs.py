@@ -24,6 +24,7 @@ from helpers import (
     make_tiny_data,
     one_line_error,
     run_script,
+    run_script_warm,
     tiny_config,
     tiny_recipe,
     train,
@@ -193,7 +194,8 @@ def test_one_file_for_both_exports_and_bad_run_versions_are_refused_before_anyth
     with pytest.raises(UsageError, match="--export and --export-pt2 name the same file"):
         train(tiny_config(data, tmp_path / "logs", export=same, export_pt2=same, **SHORT))
     for bad in ("/abs/path", "../x", "a/b", "..", "x" * 300):
-        done = run_script("train.py", "--run-version", bad, "--data-dir", str(data), "--logdir", str(tmp_path / "l"))
+        done = run_script_warm("train.py", "--run-version", bad, "--data-dir", str(data), "--logdir",
+                               str(tmp_path / "l"))
         assert done.returncode == 2
         assert "--run-version" in one_line_error(done.stderr)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "l").exists() and not (tmp_path / "abs").exists()
