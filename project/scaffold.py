@@ -18,12 +18,13 @@ import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
 
 from project.errors import ImageError, UsageError
-from project.results.image_files import read_resized, with_image
+from project.results.image_files import with_image
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
@@ -51,7 +52,8 @@ def images_in(folder: Path) -> list[Path]:
 
 
 def survey(root: Path) -> ImageFolder:
-    """The folder's classes and training files, or one line saying why it cannot be a recipe's data."""
+    """The folder's classes, the side its images are resized to and their channels, or one line saying why it
+    cannot be a recipe's data."""
     if not root.is_dir():
         raise UsageError(f"--images {root}: no such folder")
     split = (root / "train").is_dir() and (root / "test").is_dir()
@@ -85,23 +87,23 @@ def read_header(path: Path) -> tuple[str, tuple[int, int]]:
         raise UsageError(f"--images: {path}: {err}") from None
 
 
-def training_files(package: Path, root: Path) -> list[tuple[Path, int]]:
-    """The training files as the written recipe's own ``data.py`` splits them (one rule, in the recipe)."""
+def training_set(package: Path, root: Path) -> Any:
+    """The training set as the written recipe's own ``data.py`` splits and reads it (one rule, in the recipe):
+    ``files`` and ``read``."""
     spec = importlib.util.spec_from_file_location(f"_new_recipe_{package.name}_data", package / "data.py")
     assert spec is not None and spec.loader is not None
     data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(data)
-    return list(data.ImageFolders(data_dir=root).load_samples(train=True).files)
+    return data.ImageFolders(data_dir=root).load_samples(train=True)
 
 
-def measured_statistics(folder: ImageFolder, train: list[tuple[Path, int]]) -> tuple[tuple[float, ...],
-                                                                                    tuple[float, ...]]:
+def measured_statistics(folder: ImageFolder, train: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of the training images' pixels, read as the recipe reads them."""
     total = torch.zeros(folder.channels, dtype=torch.float64)
     squares = torch.zeros(folder.channels, dtype=torch.float64)
     count = 0
-    for path, _ in train:
-        pixels = read_resized(path, (folder.channels, folder.side, folder.side)).double().flatten(1)
+    for path, _ in train.files:
+        pixels = train.read(path).double().flatten(1)
         total += pixels.sum(1)
         squares += pixels.square().sum(1)
         count += pixels.shape[1]
@@ -112,15 +114,15 @@ def measured_statistics(folder: ImageFolder, train: list[tuple[Path, int]]) -> t
     return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
 
 
-def write_examples(folder: ImageFolder, train: list[tuple[Path, int]], into: Path) -> int:
+def write_examples(folder: ImageFolder, train: Any, into: Path) -> int:
     """Resized copies of a few training images of each class, in class folders under ``into``."""
     per_class = max(40, math.ceil(EXAMPLES_IN_ALL / len(folder.classes)))
     mode = "L" if folder.channels == 1 else "RGB"
     written = 0
     for label, name in enumerate(folder.classes):
         (into / name).mkdir(parents=True)
-        for index, (path, _) in enumerate([file for file in train if file[1] == label][:per_class]):
-            pixels = read_resized(path, (folder.channels, folder.side, folder.side))
+        for index, (path, _) in enumerate([file for file in train.files if file[1] == label][:per_class]):
+            pixels = train.read(path)
             array = (pixels * 255).round().to(torch.uint8).permute(1, 2, 0).squeeze(-1).numpy()
             Image.fromarray(array, mode).save(into / name / f"{index:04d}.png")
             written += 1
@@ -162,7 +164,7 @@ def recipe_from_images(name: str, images: Path, out: Path) -> NewRecipe:
     package.mkdir(parents=True)
     try:
         write_templates(package, {**values, "mean": "(0.5,)", "std": "(0.25,)"})  # measured next
-        train = training_files(package, folder.root)
+        train = training_set(package, folder.root)
         mean, std = measured_statistics(folder, train)
         write_templates(package, {**values, "mean": repr(mean), "std": repr(std)})
         examples = write_examples(folder, train, package / "examples")
@@ -191,8 +193,10 @@ def recipe_from_package(name: str, source: str, out: Path) -> NewRecipe:
     init = package / "__init__.py"
     text = init.read_text()
     renamed, count = re.subn(r"""(\bname\s*=\s*)(["'])[^"']*\2""", rf'\g<1>"{name}"', text, count=1)
-    if count:
-        init.write_text(renamed)
+    if not count:
+        shutil.rmtree(package)
+        raise UsageError(f"--from {source}: its __init__.py names no Recipe(name=...) to rename")
+    init.write_text(renamed)
     return NewRecipe(package, None)
 
 

@@ -149,4 +149,9 @@ def test_another_recipe_is_copied_under_the_new_name(tmp_path, monkeypatch):
     assert recipe.name == "bars2" and recipe.module_class().__name__ == "LitCNN"
     with pytest.raises(UsageError, match="--from tests.nothing_here: no such package"):
         recipe_from_package("bars3", "tests.nothing_here", tmp_path)
+    (tmp_path / "unnamed").mkdir()
+    (tmp_path / "unnamed" / "__init__.py").write_text("RECIPE = None\n")
+    with pytest.raises(UsageError, match="--from unnamed: its __init__.py names no Recipe"):
+        recipe_from_package("bars4", "unnamed", tmp_path / "out")
+    assert not (tmp_path / "out" / "bars4").exists()  # not left behind with another recipe's name
     sys.modules.pop("bars2", None)

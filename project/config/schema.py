@@ -352,7 +352,7 @@ def _check_recipe_key(values: Mapping[str, Any], source: str, recipe: Recipe) ->
     model's."""
     named = values.get("recipe")
     if named is not None and named != recipe.package:
-        raise UsageError(f"{source or '--recipe'}: made for recipe {shown(named)}, and the recipe here is "
+        raise UsageError(f"{source or 'recipe'}: made for recipe {shown(named)}, and the recipe here is "
                          f"{recipe.package}: run it with PROJECT_RECIPE={named}")
 
 

@@ -60,6 +60,10 @@ class LrScaling:
     base_batch: int
     auto: bool
 
+    @property
+    def lr(self) -> float:
+        return self.given * self.batch / self.base_batch
+
 
 def scales_lr(config: RunConfig, world_size: int) -> bool:
     return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)
@@ -88,7 +92,7 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
     if not config.find_lr and scales_lr(config, trainer.world_size):
         scaling = LrScaling(config.lr, global_batch(trainer, datamodule.batch_size), base_batch,
                             auto=config.scale_lr == "auto")
-        model.hparams.lr = config.lr * scaling.batch / base_batch
+        model.hparams.lr = scaling.lr
         rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams.lr:g}")
     return config.replace(batch_size=datamodule.batch_size, lr=model.hparams.lr, scale_lr=False, find_lr=False,
                           find_batch_size=False), scaling
