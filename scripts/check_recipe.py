@@ -26,7 +26,7 @@ def main(recipe: Recipe, args: argparse.Namespace) -> int:
     import tempfile
 
     from project.config.schema import RunConfig, settings_of
-    from project.training.console import quiet_lightning_info
+    from project.training.callbacks import quiet_lightning_info
     from project.training.recipe_checks import check_recipe
 
     quiet_lightning_info()  # the checks' findings, not the banners of the Trainers they run

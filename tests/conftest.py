@@ -44,7 +44,7 @@ SHORT = ("--max-epochs", "2", "--hidden", "2", "--lr", "0.05", "--scheduler", "n
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from project.training.console import QUIET_WARNINGS  # the run's own filters, not a copy of them
+    from project.training.callbacks import QUIET_WARNINGS  # the run's own filters, not a copy of them
 
     config.pluginmanager.register(NameFailuresAsTheyHappen(config))
     for message in QUIET_WARNINGS:

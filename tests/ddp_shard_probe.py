@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.training.console import quiet_known_warnings  # noqa: E402
+from project.training.callbacks import quiet_known_warnings  # noqa: E402
 from project.training.tensor_data import TensorPairs  # noqa: E402
 from tests.tiny_recipe.data import TinyDataModule  # noqa: E402
 

@@ -113,7 +113,7 @@ def test_a_run_records_its_data_and_evaluate_uses_it_in_a_new_shell(shared_tiny_
 
 def test_evaluate_names_what_is_missing(trained, tmp_path):
     from project.errors import CheckpointError, UsageError
-    from project.reliability.runs import checkpoint_of
+    from project.reliability.run_folder import checkpoint_of
     from project.results.evaluation import load_classifier
 
     with pytest.raises(CheckpointError, match="nope.pth: no such file"):
@@ -172,7 +172,7 @@ def test_the_confusion_image_writes_each_count_and_labels_the_classes():
 
 
 def test_worst_mistakes_work_with_any_shard_size():
-    from project.results.tensorboard_figures import WorstMistakes
+    from project.results.figures import WorstMistakes
 
     class OneProcess:  # what compute() needs of a LightningModule
         device = torch.device("cpu")

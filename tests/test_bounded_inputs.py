@@ -145,7 +145,7 @@ def test_a_model_too_large_for_memory_is_one_line(tmp_path):
 
 
 def test_a_resume_skips_what_is_not_its_own_log_and_a_row_cut_short(tmp_path):
-    from project.reliability.run_files import roll_back_logs
+    from project.reliability.run_folder import roll_back_logs
 
     (tmp_path / "events.out.tfevents.bak").write_bytes(b"a user's copy")
     (tmp_path / "metrics.csv").write_text("epoch,step,train/loss\n0,1,0.5\n0,3,0.4\n0,5\n0")
@@ -176,8 +176,8 @@ def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(t
     """The exclusive mkdir holds for named folders too: of two claims on one name, one is refused."""
     from project.config.schema import RunConfig
     from project.errors import UsageError
-    from project.reliability import runs
-    from project.reliability.run_files import claim_run_folder
+    from project.reliability import run_folder
+    from project.reliability.run_folder import claim_run_folder
 
     outcomes: list[str] = []
     barrier = threading.Barrier(2)
@@ -195,7 +195,7 @@ def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(t
         thread.start()
     for thread in threads:
         thread.join()
-    runs.release_all()
+    run_folder.release_all()
     assert len(outcomes) == 2 and outcomes.count("claimed") == 1
     assert "exists; runs never share a folder" in next(o for o in outcomes if o != "claimed")
 

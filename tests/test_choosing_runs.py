@@ -30,7 +30,7 @@ from helpers import (
     train,
 )
 from project.errors import NothingToDo, Terminated, UsageError, UserError
-from project.reliability import runs
+from project.reliability import run_folder
 
 SHORT = {"max_epochs": 2, "accelerator": "cpu", "steps_per_call": 1}  # 7 steps an epoch, one per Lightning step
 
@@ -54,13 +54,13 @@ class SignalAtStep(L.Callback):
 
 def test_best_is_the_recorded_best_score_not_the_last_name(data, tmp_path):
     result = train(tiny_config(data, tmp_path, save_top_k=-1, **SHORT))
-    best = runs.best_checkpoint(result.run_dir)
+    best = run_folder.best_checkpoint(result.run_dir)
     assert str(best) == result.best_checkpoint  # what the run recorded
     checkpoints = best.parent
     # A worse checkpoint whose name sorts last (as a later epoch's does): chosen by name, it would win.
     worse = checkpoints / "best-epoch09-acc0.0100.ckpt"
     shutil.copy(checkpoints / "last.ckpt", worse)
-    assert runs.best_checkpoint(result.run_dir) == best
+    assert run_folder.best_checkpoint(result.run_dir) == best
     done = run_script("evaluate.py", "--logdir", str(tmp_path), "--data-dir", str(data), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["source"] == str(best)
@@ -72,19 +72,19 @@ def test_the_newest_run_is_the_one_that_started_last_whatever_its_name(data, tmp
     first = train(tiny_config(data, tmp_path, **SHORT))
     with pytest.raises(Terminated, match="stopped by SIGTERM after step 9"):
         train(tiny_config(data, tmp_path, run_version="job_17", **SHORT), callbacks=[SignalAtStep(9)])
-    newest = runs.runs(tmp_path, "tiny")
+    newest = run_folder.runs(tmp_path, "tiny")
     assert [r.folder.name for r in newest] == ["job_17", first.run_dir.name]
     assert newest[0].state == "stopped" and newest[0].step == 9 and newest[1].state == "finished"
     resumed = train(tiny_config(data, tmp_path, resume="last", **SHORT))  # what the stop line says to do
     assert resumed.run_dir.name == "job_17" and resumed.optimizer_steps == 14
-    assert runs.run_info(resumed.run_dir).state == "finished"
+    assert run_folder.run_info(resumed.run_dir).state == "finished"
 
 
 def test_a_run_folder_is_held_by_one_process(data, tmp_path):
     """A resume of a run still training, or a second job racing for the same --run-version (``--resume auto``, as
     SLURM's script runs it), meets one line and touches nothing."""
     result = train(tiny_config(data, tmp_path, **SHORT, scheduler="none"))
-    lock = runs.RunLock(result.run_dir).acquire("test")  # as the process training it holds it
+    lock = run_folder.RunLock(result.run_dir).acquire("test")  # as the process training it holds it
     before = sorted((p.name, p.stat().st_mtime_ns) for p in result.run_dir.rglob("*"))
     try:
         with pytest.raises(UsageError, match=r"--resume: .* is in use by a run still training \(pid"):
@@ -92,7 +92,7 @@ def test_a_run_folder_is_held_by_one_process(data, tmp_path):
                               **{**SHORT, "max_epochs": 3}))
         racing = tmp_path / "tiny" / "job_3"
         racing.mkdir()
-        other = runs.RunLock(racing).acquire("test")  # the other job, which made the folder a moment ago
+        other = run_folder.RunLock(racing).acquire("test")  # the other job, which made the folder a moment ago
         with pytest.raises(UsageError, match="--run-version: .*job_3 is in use by a run still training"):
             train(tiny_config(data, tmp_path, run_version="job_3", resume="auto", **SHORT))
         other.release()
@@ -106,7 +106,7 @@ def test_resume_auto_leaves_a_finished_run_without_checkpoints_alone(data, tmp_p
                                                                        "enable_progress_bar": False}, **SHORT)
     first = train(config)
     folder = first.run_dir
-    written = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != runs.RECORD}
+    written = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != run_folder.RUN_RECORD}
     with pytest.raises(NothingToDo) as refused:
         train(config.replace(resume="auto", seed=1))
     assert str(refused.value) == (f"{folder} is finished (test/acc {first.test_metrics['test/acc']:.4f}, weights "
@@ -123,7 +123,7 @@ def test_resume_auto_starts_a_job_killed_before_its_first_checkpoint_again_with_
         before = [{k: v for k, v in row.items() if k not in TIMED} for row in csv.DictReader(stream)]
     for name in ("results.json", "model.pth"):  # as if killed at its last step: logs written, no end
         (folder / name).unlink()
-    runs.write_record(folder, state="running")
+    run_folder.write_record(folder, state="running")
     again = train(config.replace(resume="auto"))
     assert again.run_dir == folder
     with open(folder / "metrics.csv", newline="") as stream:
@@ -241,8 +241,9 @@ def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
         one_batch = RunConfig(trainer={"limit_train_batches": 1})
         check_same_training({"trainer": {}}, one_batch, tmp_path, tiny_recipe())
     # ... nor a smoke test: only a limit that limits something marks the run as one.
-    runs.start_record(tmp_path, {"limit_train_batches": 1.0, "max_steps": -1, "limit_val_batches": 2}, resumed=False)
-    assert runs.read_record(tmp_path)["limited"] == ["limit_val_batches"]
+    limits = {"limit_train_batches": 1.0, "max_steps": -1, "limit_val_batches": 2}
+    run_folder.start_record(tmp_path, limits, resumed=False)
+    assert run_folder.read_record(tmp_path)["limited"] == ["limit_val_batches"]
 
 
 def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_path):
@@ -296,7 +297,7 @@ def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
     assert rows[2].split()[1:3] == ["finished", f"{finished.test_metrics['test/acc']:.4f}"]
     assert Path(finished.best_checkpoint).name in rows[2]
     # The newest run that is not a smoke test is what the scripts take by default.
-    assert runs.checkpoint_of("last", tmp_path, "tiny", "--resume")[1].folder.name == "job_12"
+    assert run_folder.checkpoint_of("last", tmp_path, "tiny", "--resume")[1].folder.name == "job_12"
 
 
 @pytest.mark.parametrize(("state", "step", "error", "limited", "shown"), [
@@ -312,7 +313,7 @@ def test_runs_lists_every_run_newest_first_with_its_state(data, tmp_path):
     ("damaged", None, "run.json: started is not a time", (), "damaged (run.json: started is not a time)"),
 ])
 def test_each_state_is_described_as_docs_results_md_shows_it(state, step, error, limited, shown):
-    info = runs.RunInfo(folder=Path("v0"), started=0.0, state=state, step=step, limited=limited, test_acc=None,
+    info = run_folder.RunInfo(folder=Path("v0"), started=0.0, state=state, step=step, limited=limited, test_acc=None,
                         best=None, error=error)
     assert info.describe() == shown
 
@@ -322,13 +323,13 @@ def test_a_run_without_an_end_is_running_while_a_process_holds_it_and_killed_onc
     belong to another process; a DataLoader worker forked from it does not keep the folder locked."""
     folder = tmp_path / "tiny" / "version_0"
     folder.mkdir(parents=True)
-    runs.write_record(folder, state="running", started=1.0, step=40, pid=4242, host="node7")
-    runs.own(folder, "--resume")
+    run_folder.write_record(folder, state="running", started=1.0, step=40, pid=4242, host="node7")
+    run_folder.own(folder, "--resume")
     try:
-        assert runs.run_info(folder).state == "running"
+        assert run_folder.run_info(folder).state == "running"
         with pytest.raises(UsageError, match=r"^--resume: .*version_0 is in use by a run still training "
                                              r"\(pid 4242 on node7\); runs never share a folder"):
-            runs.RunLock(folder).acquire("--resume")
+            run_folder.RunLock(folder).acquire("--resume")
         ready, told = os.pipe()
         child = os.fork()
         if child == 0:  # a worker: lives on, holding nothing once its fork hooks have run
@@ -337,19 +338,19 @@ def test_a_run_without_an_end_is_running_while_a_process_holds_it_and_killed_onc
             os._exit(0)
         try:
             assert os.read(ready, 1) == b"1"
-            runs.release_all()
-            assert runs.run_info(folder).state == "killed"  # the worker still runs, the folder is free
-            assert runs.run_info(folder).describe() == "killed at step 40"
+            run_folder.release_all()
+            assert run_folder.run_info(folder).state == "killed"  # the worker still runs, the folder is free
+            assert run_folder.run_info(folder).describe() == "killed at step 40"
         finally:
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
     finally:
-        runs.release_all()
-    runs.RunLock(folder).acquire("--resume").release()
+        run_folder.release_all()
+    run_folder.RunLock(folder).acquire("--resume").release()
 
 
 def test_logs_are_cut_back_over_an_empty_metrics_csv_and_a_row_a_kill_cut_short(tmp_path):
-    from project.reliability.run_files import roll_back_logs
+    from project.reliability.run_folder import roll_back_logs
 
     (tmp_path / "metrics.csv").write_text("")  # a run killed as it made the file
     roll_back_logs(tmp_path, 3)

@@ -67,7 +67,7 @@ def damage(folder: Path, name: str, change: object) -> None:
 @pytest.mark.parametrize(("name", "change", "reason"), CASES)
 def test_the_checked_reader_names_each_damage(tmp_path, name, change, reason):
     """In-process, each case alone: the reader's one line, and an intact record of the same run read as written."""
-    from project.reliability.records import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
+    from project.reliability.run_folder import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
 
     fields = RUN_FIELDS if name == "run.json" else RESULT_FIELDS
     intact = {"run.json": {"state": "finished", "pid": 7, "host": "h", "limited": [], "error": None,
@@ -87,7 +87,7 @@ def test_the_checked_reader_names_each_damage(tmp_path, name, change, reason):
 def test_the_edges_of_each_range_are_records_a_run_writes(tmp_path):
     """Step 0 (a run stopped before its first step), accuracies of exactly 0 and 1, a start just after the epoch:
     all read as written; one past each edge is damage; a record that cannot be read at all is one line too."""
-    from project.reliability.records import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
+    from project.reliability.run_folder import RESULT_FIELDS, RUN_FIELDS, DamagedRecord, read_mapping
 
     edges = [("run.json", RUN_FIELDS, {"step": 0, "started": 0.5, "best_score": None, "error": None}),
              ("results.json", RESULT_FIELDS, {"test/acc": 0.0, "val/acc_best": 1.0, "weights": None}),
@@ -168,7 +168,7 @@ def test_every_damaged_record_named_for_a_resume_is_one_line(damaged_runs):
     from project.config.schema import RunConfig
     from project.errors import UsageError
     from project.reliability.resume import Resume, continue_in_its_folder
-    from project.reliability.runs import release_all
+    from project.reliability.run_folder import release_all
 
     for number, (name, _, reason) in enumerate(CASES, start=1):
         folder = damaged_runs["parent"] / f"version_{number}"

@@ -4,14 +4,14 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from project.training.samplers import (
+from project.training.tensor_data import (
     EpochBatches,
     EpochShardSampler,
     EpochShuffleSampler,
     EvalShardSampler,
+    TensorPairs,
     epoch_order,
 )
-from project.training.tensor_data import TensorPairs
 from tests.tiny_recipe.data import TinyDataModule
 
 

@@ -12,8 +12,15 @@ from torch import nn
 from helpers import assert_same_training_state, make_tiny_data, tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.hardware.cuda_graphs import StepMode, capture_plan
-from project.hardware.device_step import DeviceStep, NotCapturable, RunningAccuracy, advance_schedule, schedule_table
+from project.hardware.device_step import (
+    DeviceStep,
+    NotCapturable,
+    RunningAccuracy,
+    StepMode,
+    advance_schedule,
+    capture_plan,
+    schedule_table,
+)
 from project.training.classifier import ClassifierModule, optimizer_and_schedule
 
 STEPS = 60

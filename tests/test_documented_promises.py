@@ -20,9 +20,9 @@ from PIL import Image
 
 from helpers import ROOT, TINY, make_tiny_data, tiny_config, tiny_recipe, train
 from project.config.schema import RunConfig
-from project.reliability import runs
-from project.reliability.run_files import roll_back_logs
-from project.training.plan import planned_steps
+from project.reliability import run_folder
+from project.reliability.run_folder import roll_back_logs
+from project.training.tensor_data import planned_steps
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_best_by_file_names_is_the_highest_score(tmp_path):
               "best-epoch02-acc0.7000.ckpt": 0.7, "best-epoch03-acc0.0900.ckpt": 0.09}
     for name in scores:
         (checkpoints / name).write_bytes(b"")
-    assert runs.best_checkpoint(tmp_path / "version_0").name == max(scores, key=scores.get)
+    assert run_folder.best_checkpoint(tmp_path / "version_0").name == max(scores, key=scores.get)
 
 
 def test_a_run_stopped_by_ctrl_c_is_recorded_as_stopped(data, tmp_path):
@@ -54,9 +54,9 @@ def test_a_run_stopped_by_ctrl_c_is_recorded_as_stopped(data, tmp_path):
 
     with pytest.raises(Terminated, match="stopped by Ctrl-C after step 3"):
         train(tiny_config(data, tmp_path, max_epochs=3, accelerator="cpu", steps_per_call=1), callbacks=[CtrlC()])
-    (run,) = runs.runs(tmp_path, "tiny")
+    (run,) = run_folder.runs(tmp_path, "tiny")
     assert run.describe() == "stopped at step 3"
-    assert runs.read_record(run.folder)["state"] == "stopped"
+    assert run_folder.read_record(run.folder)["state"] == "stopped"
 
 
 def test_a_run_killed_with_kill_9_is_listed_as_killed(data, tmp_path):
@@ -67,13 +67,13 @@ def test_a_run_killed_with_kill_9_is_listed_as_killed(data, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = logs / "tiny" / "version_0" / "run.json"
     deadline = time.monotonic() + 120
-    while not (record.is_file() and runs.read_record(record.parent).get("step")) and time.monotonic() < deadline:
+    while not (record.is_file() and run_folder.read_record(record.parent).get("step")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert proc.poll() is None, "the run ended before it could be killed"
-    assert runs.run_info(record.parent).state == "running"
+    assert run_folder.run_info(record.parent).state == "running"
     proc.kill()
     proc.wait(timeout=60)
-    assert runs.read_record(record.parent)["state"] == "running"  # nothing could record the kill
+    assert run_folder.read_record(record.parent)["state"] == "running"  # nothing could record the kill
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--logdir", str(logs), "--name",
                              "tiny"], capture_output=True, text=True, timeout=60)
     assert "killed at step" in listed.stdout, listed.stdout

@@ -34,7 +34,7 @@ from project.errors import UserError
 from project.hardware.devices import expected_world_size
 from project.reliability.checkpointing import read_checkpoint
 from project.reliability.resume import checkpoint_to_resume
-from project.training.plan import planned_steps
+from project.training.tensor_data import planned_steps
 
 FAULTY = str(ROOT / "tests" / "faulty_train.py")
 SINGLE_EPOCHS = 10  # 200 steps

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from helpers import assert_same_training_state, make_tiny_data, run_script, summary_value, tiny_config, tiny_run, train
-from project.hardware.cuda_graphs import StepMode
+from project.hardware.device_step import StepMode
 from project.training.callbacks import RunsFirst
 from tests.tiny_recipe.data import TinyDataModule
 from tests.tiny_recipe.model import LitTiny

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, TINY, event_accumulator, one_line_error, run_script, tiny_config
-from project.secrets import redact, redact_values
+from project.errors import redact, redact_values
 
 # Each form a URL or DSN carries a credential in; every SECRETn must go, everything else stay.
 FORMS = [

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from project.config.schema import RunConfig
-from project.secrets import redact
-from project.training.plan import planned_steps, train_batches
+from project.errors import redact
+from project.training.tensor_data import planned_steps, train_batches
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -66,7 +66,7 @@ FIELDS = ("state", "started", "step", "error", "pid", "host", "limited", "best_s
 @FAST
 @given(st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=len(FIELDS)))
 def test_a_run_record_is_read_or_refused_in_one_line_whatever_its_fields_hold(tmp_path_factory, fields):
-    from project.reliability.records import DamagedRecord, read_run_record
+    from project.reliability.run_folder import DamagedRecord, read_run_record
 
     folder = tmp_path_factory.mktemp("run")
     (folder / "run.json").write_text(json.dumps(fields))
@@ -130,7 +130,7 @@ def test_the_planned_steps_are_the_steps_counted_one_by_one(size, world, batch, 
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 300), st.integers(0, 2**31 - 1), st.integers(0, 5), st.data())
 def test_every_sample_once_an_epoch_from_any_resume_point(size, seed, epoch, data):
-    from project.training.samplers import EpochShuffleSampler
+    from project.training.tensor_data import EpochShuffleSampler
 
     sampler = EpochShuffleSampler(list(range(size)), seed=seed)
     sampler.set_epoch(epoch)
@@ -145,7 +145,7 @@ def test_every_sample_once_an_epoch_from_any_resume_point(size, seed, epoch, dat
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 300), st.integers(1, 8), st.integers(0, 2**31 - 1), st.integers(0, 5), st.data())
 def test_every_sample_on_some_rank_each_epoch_and_each_rank_resumes_its_own(size, world, seed, epoch, data):
-    from project.training.samplers import EpochShardSampler, EvalShardSampler
+    from project.training.tensor_data import EpochShardSampler, EvalShardSampler
 
     shards = []
     for rank in range(world):

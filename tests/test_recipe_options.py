@@ -13,7 +13,7 @@ from helpers import tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
 from project.training.classifier import WarmupCosine, default_warmup
-from project.training.plan import planned_steps, train_batches
+from project.training.tensor_data import planned_steps, train_batches
 
 STEPS_PER_EPOCH = 7  # 200 tiny training images in batches of 32
 

@@ -22,7 +22,7 @@ from helpers import (
 from project.errors import CheckpointError, DataError, UsageError, run_cli
 from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.reliability.resume import checkpoint_to_resume
-from project.reliability.run_files import check_outputs_writable
+from project.reliability.run_folder import check_outputs_writable
 from project.results.evaluation import load_classifier
 
 

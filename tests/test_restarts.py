@@ -334,15 +334,15 @@ def test_a_checkpoint_past_the_file_size_limit_is_said_as_such(tmp_path):
 
 def test_resume_auto_starting_again_leaves_no_checkpoint_of_the_attempt_before(tmp_path):
     from project.config.schema import RunConfig
-    from project.reliability import runs
-    from project.reliability.run_files import claim_run_folder
+    from project.reliability import run_folder
+    from project.reliability.run_folder import claim_run_folder
 
     folder = tmp_path / "tiny" / "job_7"
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "best-epoch00-acc0.5000.ckpt").write_bytes(b"the attempt's, never resumed")
     (folder / "checkpoints" / ".last.ckpt.x1.tmp").write_bytes(b"cut")
     claim_run_folder(RunConfig(logdir=str(tmp_path), name="tiny", run_version="job_7", resume="auto"))
-    runs.release_all()
+    run_folder.release_all()
     assert list((folder / "checkpoints").iterdir()) == []
 
 
@@ -392,7 +392,7 @@ def test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two(tmp_path,
     sends the second to version_N+1; a mkdir that tolerated an existing folder would give both the same one."""
     import threading
 
-    from project.reliability import run_files
+    from project.reliability import run_folder
 
     (tmp_path / "version_0").mkdir()
     barrier, waited, make = threading.Barrier(2, timeout=20), set(), Path.mkdir
@@ -405,7 +405,7 @@ def test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two(tmp_path,
 
     monkeypatch.setattr(Path, "mkdir", held)
     chosen: list[str] = []
-    threads = [threading.Thread(target=lambda: chosen.append(run_files._next_free_version(tmp_path)))
+    threads = [threading.Thread(target=lambda: chosen.append(run_folder._next_free_version(tmp_path)))
                for _ in range(2)]
     for thread in threads:
         thread.start()

@@ -12,7 +12,7 @@ import pytest
 from helpers import make_tiny_data, tiny_config, train
 from project.config.schema import RunConfig
 from project.errors import Terminated, UsageError
-from project.reliability import runs
+from project.reliability import run_folder
 from project.reliability.run_folder import RunFolder
 
 
@@ -30,10 +30,10 @@ def test_a_resume_keeps_when_its_run_started_so_the_newest_run_stays_the_newest(
     for folder, started in ((older, 1000.0), (newer, 2000.0)):
         folder.mkdir(parents=True)
         (folder / "run.json").write_text(json.dumps({"state": "stopped", "started": started}))
-    runs.start_record(older, {}, resumed=True)  # the older run resumed: it is still the older one
+    run_folder.start_record(older, {}, resumed=True)  # the older run resumed: it is still the older one
     assert record(older)["started"] == 1000.0 and record(older)["state"] == "running"
     assert [run.folder.name for run in RunFolder.listed(str(tmp_path), "tiny")] == ["version_1", "version_0"]
-    runs.start_record(newer, {}, resumed=False)  # a new run in a folder starts its own clock
+    run_folder.start_record(newer, {}, resumed=False)  # a new run in a folder starts its own clock
     assert record(newer)["started"] > 2000.0
 
 

@@ -17,8 +17,8 @@ from helpers import (
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.build import build_model
-from project.training.samplers import EpochShuffleSampler, StepGroups, group_ends_at
 from project.training.steps_per_call import StepsPerCall, choose_steps_per_call
+from project.training.tensor_data import EpochShuffleSampler, StepGroups, group_ends_at
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_planned_steps_are_the_optimizer_steps_lightning_takes(size, batch, epoc
     import lightning as L
 
     from project.config.schema import RunConfig
-    from project.training.plan import planned_steps
+    from project.training.tensor_data import planned_steps
 
     class Linear(L.LightningModule):
         def __init__(self) -> None:
@@ -269,7 +269,7 @@ def test_planned_steps_are_the_optimizer_steps_lightning_takes(size, batch, epoc
 @pytest.mark.parametrize(("size", "world_size", "batch"), [(100, 2, 16), (101, 2, 16), (99, 4, 8), (7, 3, 2)])
 def test_train_batches_per_rank_are_those_of_the_distributed_sampler(size, world_size, batch):
     from project.config.schema import RunConfig
-    from project.training.plan import train_batches
+    from project.training.tensor_data import train_batches
 
     sampler = torch.utils.data.DistributedSampler(range(size), num_replicas=world_size, rank=0, shuffle=False)
     loader = torch.utils.data.DataLoader(range(size), batch_size=batch, sampler=sampler)

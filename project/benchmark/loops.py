@@ -27,12 +27,11 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
 from project.contract import Recipe
-from project.hardware.cuda_graphs import StepMode
+from project.hardware.device_step import StepMode
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, RunsFirst
 from project.training.classifier import optimizer_and_schedule
-from project.training.plan import batches_of
-from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, keep_batch, split_indices
+from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, batches_of, keep_batch, split_indices
 
 ARTICLE_LR = 0.01
 WARM_UP_STEPS = 3  # of the captured loop, on a side stream, before its capture

@@ -23,7 +23,7 @@ from project.contract import Recipe
 from project.errors import UsageError, UserError
 from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
-from project.training.console import quiet_lightning_info
+from project.training.callbacks import quiet_lightning_info
 
 ROWS = {  # the references first: every row's ratios are known when it is printed
     "hand": "hand-written tensor loop",

@@ -26,6 +26,7 @@ from project.config.validators import (
     non_negative_int,
     one_of,
     output_folder,
+    parse_text,
     positive_int,
     size_or_share,
 )
@@ -105,8 +106,6 @@ def _shown(value: Any) -> str:
 
 def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """Take ``--trainer.KEY VALUE`` / ``--trainer.KEY=VALUE`` out of ``argv``; values typed as YAML reads them."""
-    from project.config.trainer_args import parse_text
-
     rest: list[str] = []
     trainer: dict[str, Any] = {}
     tokens = iter(argv)

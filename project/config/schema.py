@@ -18,6 +18,7 @@ from typing import Any
 
 from project import EVAL_BATCH_SIZE, OPTIMIZERS, SCHEDULERS
 from project.config.validators import (
+    check_trainer_args,
     count_or_auto,
     devices_spec,
     flag,
@@ -339,8 +340,6 @@ def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
         settings.update(layer)
         passthrough.update(trainer)
     if passthrough:
-        from project.config.trainer_args import check_trainer_args  # imports Lightning: only when needed
-
         passthrough = check_trainer_args(passthrough)
     options = {name: settings.pop(name) for name in recipe.options}
     config = RunConfig(**settings, options=options, trainer=passthrough)

@@ -137,17 +137,16 @@ class RunRecord(Callback):
     @staticmethod
     def _note_in_run_record(trainer: L.Trainer) -> None:
         """``run.json``: the newest checkpoint's step, and the best checkpoint with the score it recorded."""
-        from project.reliability import runs
-        from project.reliability.run_files import run_dir
+        from project.reliability.run_folder import RUN_RECORD, run_dir, write_record
 
         folder = run_dir(trainer)
-        if not (folder / runs.RECORD).is_file():
+        if not (folder / RUN_RECORD).is_file():
             return
         best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
         noted: dict[str, Any] = {"step": trainer.global_step}
         if best is not None and best.best_model_path and best.best_model_score is not None:
             noted.update(best_checkpoint=Path(best.best_model_path).name, best_score=float(best.best_model_score))
-        runs.write_record(folder, **noted)
+        write_record(folder, **noted)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

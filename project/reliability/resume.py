@@ -15,13 +15,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
 from project.config.schema import RunConfig
-from project.config.trainer_args import same_trainer_value, trainer_default
+from project.config.validators import same_trainer_value, trainer_default
 from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
-from project.reliability import runs
+from project.reliability import run_folder
 from project.reliability.checkpointing import check_trained_by, data_position, read_checkpoint
-from project.reliability.run_files import finished_results, remove_partial_files, roll_back_logs
-from project.reliability.run_folder import RunFolder
+from project.reliability.run_folder import RunFolder, finished_results, remove_partial_files, roll_back_logs
 
 # Settings that change what is trained (with the recipe's options). A resume must keep them; --init-from starts a
 # new run instead.
@@ -54,7 +53,7 @@ def checkpoint_to_resume(config: RunConfig, recipe: Recipe, planned_steps: int |
                          world_size: int = 1) -> Resume | None:
     """The checkpoint ``--resume`` names, read now: a corrupt file, another model, other settings or a
     schedule of another length is one line before any run folder exists (``planned_steps``: the optimizer steps
-    this run's settings take, ``project.training.plan.planned_steps``)."""
+    this run's settings take, ``project.training.tensor_data.planned_steps``)."""
     path = _checkpoint_named(config)
     if path is None:
         return None
@@ -196,7 +195,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
     folder = resume.run_folder
     if folder is None or not internals.is_rank_zero():
         return config.replace(**_folder_settings(folder, resume)) if folder else config
-    runs.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
+    run_folder.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
     RunFolder(folder).refuse_if_damaged()  # and one whose records are damaged
     if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
         raise UsageError(f"--resume: cannot write in {folder} (no permission): a resumed run continues in its own "

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.errors import Terminated
 from project.internals import stop_as_on_sigterm
 from project.reliability.checkpointing import validation_due
-from project.reliability.slurm import job_to_requeue, requeue
+from project.reliability.cluster import job_to_requeue, requeue
 
 # SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.
 # SIGHUP: the terminal went away (a closed window, a dropped ssh session).

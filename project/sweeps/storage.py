@@ -23,9 +23,8 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from project.errors import UsageError, first_line, not_a_regular_file
+from project.errors import UsageError, first_line, not_a_regular_file, redact
 from project.internals import trial_id
-from project.secrets import redact
 
 RETRIES = 2  # a trial whose worker died runs at most this many more times
 # URL scheme: (SQLAlchemy dialect, driver module, the extra that installs it). Named in the URL, so

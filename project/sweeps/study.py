@@ -37,7 +37,7 @@ from project.sweeps.storage import (
 )
 from project.sweeps.workers import Worker
 from project.training.build import build_datamodule
-from project.training.console import quiet_lightning_info
+from project.training.callbacks import quiet_lightning_info
 from project.training.run import train
 from project.training.tensor_data import TensorDataModule
 

@@ -26,8 +26,8 @@ from project.contract import Recipe
 from project.errors import UsageError, first_line
 from project.internals import file_writer
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
-from project.reliability.slurm import cluster_plugins
-from project.results.tensorboard_figures import ModelInTensorBoard, TensorBoardFigures
+from project.reliability.cluster import cluster_plugins
+from project.results.figures import ModelInTensorBoard, TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
     EpochStats,

@@ -231,7 +231,7 @@ def announce(card: DataCard) -> None:
 
 def log_card(trainer: Any, card: DataCard) -> None:
     """The card in TensorBoard's TEXT tab, beside the command and the settings."""
-    from project.reliability.run_files import tensorboard_of
+    from project.reliability.run_folder import tensorboard_of
 
     tensorboard = tensorboard_of(trainer)
     if tensorboard is not None:

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from project.config.schema import RunConfig, settings_of
 from project.contract import Recipe
 from project.errors import Terminated, UsageError, UserError, first_line
-from project.hardware.cuda_graphs import StepMode
+from project.hardware.device_step import StepMode
 from project.hardware.devices import (
     expected_world_size,
     peak_memory_mb,
@@ -28,7 +28,7 @@ from project.hardware.devices import (
     warm_up_cuda,
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
-from project.reliability.ddp_faults import DdpJobEnd
+from project.reliability.cluster import DdpJobEnd
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_folder import RunFolder
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
@@ -40,12 +40,10 @@ from project.training.build import (
     build_trainer,
     global_batch,
 )
-from project.training.callbacks import EpochStats
-from project.training.console import quiet_known_warnings
+from project.training.callbacks import EpochStats, quiet_known_warnings
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
-from project.training.plan import planned_steps
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
-from project.training.tensor_data import TensorDataModule
+from project.training.tensor_data import TensorDataModule, planned_steps
 from project.training.tuning import LrScaling, tune
 
 
@@ -204,7 +202,8 @@ def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | N
     RunFolder.check_outputs_writable(config)
     stepper = Stepper(plan_steps(config, datamodule, lambda trial: build_model(trial, recipe),
                                  resume.auto_steps_per_call() if resume else None))
-    datamodule.use_steps(stepper.plan)
+    plan = stepper.plan
+    datamodule.use_steps(plan.steps.k, plan.grouped, plan.group_ends_every)
     model = build_model(config, recipe, stepper)
     load_initial_weights(model, config, recipe)
     if resume is not None:

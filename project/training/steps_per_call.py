@@ -9,7 +9,7 @@ logging step, a checkpoint step, the end of the epoch), so all of those stay exa
 
 ``Stepper`` is the one owner of a run's training step, and what ``ClassifierModule`` calls: the
 plan made before the run (``plan_steps``: K, why, and how the steps run, ``StepMode``), the
-groups, the device-side steps and their CUDA graphs (``project/hardware/cuda_graphs.py``).
+groups, the device-side steps and their CUDA graphs (``project/hardware/device_step.py``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from lightning.pytorch.callbacks import Callback
 
 from project import internals
 from project.config.schema import RunConfig
-from project.config.trainer_args import changes_the_default
+from project.config.validators import changes_the_default
 from project.errors import UsageError
-from project.hardware.cuda_graphs import StepMode, StepRunner, capture_plan
-from project.hardware.device_step import advance_schedule
+from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
 from project.training.callbacks import LoggedLossBar
-from project.training.plan import batches_of
+from project.training.tensor_data import batches_of
 
 AUTO_MAX = 64
 # Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
@@ -261,7 +260,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
     scaler (16-mixed) steps go through ``manual_backward`` and Lightning's optimizer wrapper,
     which scale and unscale each one. The step loss and LR are logged for the last step, which
     is where groups end when a logging step is due, at the step Lightning uses. ``runner``
-    (``project/hardware/cuda_graphs.py``) takes the whole group as device-side steps, replayed
+    (``project/hardware/device_step.py``) takes the whole group as device-side steps, replayed
     from a CUDA graph, unless it has handed the run back to these eager steps.
     """
     trainer = module.trainer

@@ -1,11 +1,16 @@
-"""The engine's ``LightningDataModule``: a dataset held as tensors on the run's device, batched by one gather, or
-read sample by sample (files on disk) by DataLoader workers.
+"""The data a run trains on: how many batches and optimizer steps its settings make, the order samples are seen in,
+and the engine's ``LightningDataModule`` that holds them.
 
 A recipe subclasses ``TensorDataModule`` and says what its data is (``input_shape``,
-``num_classes``, the normalisation) and how to load it: ``load_tensors`` (the whole split in memory)
-or ``load_samples`` (a per-sample ``Dataset``, e.g. a folder of image files). The split, the
-samplers that make resume exact, steps per call, augmentation seeding and DDP sharding are the
-same for every recipe.
+``num_classes``, the normalisation) and how to load it: ``load_tensors`` (the whole split in memory,
+on the run's device, batched by one gather) or ``load_samples`` (a per-sample ``Dataset``, e.g. a
+folder of image files, read by DataLoader workers). The split, the samplers that make resume exact
+(a seeded per-epoch shuffle that resumes mid-epoch, unpadded eval shards), steps per call,
+augmentation seeding and DDP sharding are the same for every recipe.
+
+Lightning learns a fit's batches and steps only inside ``fit()``, after the run folder exists;
+settings that cannot work are refused here instead (``train_batches``, ``planned_steps``), before
+anything is written.
 """
 
 from __future__ import annotations
@@ -21,11 +26,222 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
 
 from project import EVAL_BATCH_SIZE
 from project.errors import DataError, UsageError
-from project.training.plan import batches_of, eval_batch_size
-from project.training.samplers import EpochBatches, EpochShardSampler, EpochShuffleSampler, EvalShardSampler, StepGroups
 
 if TYPE_CHECKING:
-    from project.training.steps_per_call import StepPlan
+    pass
+from collections.abc import Iterator, Sized
+
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DistributedSampler, RandomSampler
+
+from project.config.schema import RunConfig
+
+
+def batches_of(samples: int, batch_size: int) -> int:
+    """Batches that hold ``samples``, the last one partial: an epoch's steps, a rank's share of a split, ..."""
+    return -(-samples // batch_size)
+
+
+def train_batches(config: RunConfig, train_size: int, world_size: int) -> int:
+    """Training batches per epoch on each rank, after ``limit_train_batches``."""
+    per_rank = batches_of(train_size, world_size)  # the distributed sampler pads every rank to the same length
+    batches = batches_of(per_rank, config.batch_size)
+    limit = config.trainer.get("limit_train_batches")
+    if limit == 0:
+        raise UsageError(f"--trainer.limit_train_batches {limit}: no training batch, so no optimizer step: the run "
+                         "would train nothing; give a count of batches or a share above 0")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(batches, limit)
+    if isinstance(limit, float):
+        if int(batches * limit) == 0:
+            raise UsageError(f"--trainer.limit_train_batches {limit}: {limit} of {batches} batches per epoch "
+                             f"is none; use at least {1 / batches:.3g} or a count of batches")
+        return int(batches * limit)
+    return batches
+
+
+def planned_steps(config: RunConfig, train_size: int, world_size: int) -> int:
+    """Optimizer steps a fit of ``config`` takes, by Lightning's rules (limits, accumulation, max_steps)."""
+    trainer: dict[str, Any] = config.trainer
+    batches = train_batches(config, train_size, world_size)
+    accumulate = int(trainer.get("accumulate_grad_batches", 1))
+    if accumulate > batches:  # Lightning divides each loss by it: an epoch's only step would barely move
+        raise UsageError(f"--trainer.accumulate_grad_batches {accumulate}: more than the {batches} batches of an "
+                         f"epoch, whose one step would see their loss divided by {accumulate}; use at most {batches}")
+    steps = batches_of(batches, accumulate) * config.max_epochs
+    max_steps = trainer.get("max_steps", -1)
+    return min(steps, max_steps) if max_steps not in (None, -1) else steps
+
+
+def eval_batch_size(batch_size: int, limit: float | int, stage: str, split_size: int, world_size: int) -> int:
+    """Smaller evaluation batches where a fractional ``limit_{stage}_batches`` would cover none.
+
+    With 1000-image batches a rank's 2,500 validation images make 3 batches, and Lightning
+    refuses ``limit_val_batches=0.1`` (0.3 of a batch); 250-image batches make it one.
+    """
+    if not isinstance(limit, float) or limit >= 1.0:
+        return batch_size
+    shard = batches_of(split_size, world_size)
+    if limit * batches_of(shard, batch_size) >= 1:
+        return batch_size
+    smaller = max(1, int(limit * shard))
+    rank_zero_info(f"limit_{stage}_batches={limit}: {stage} batches of {smaller} images (not {batch_size}), so the "
+                   f"limit covers {limit:.0%} of each rank's {shard}")
+    return smaller
+
+
+class EpochShuffleSampler(RandomSampler):
+    """A shuffle whose order depends only on ``seed`` and the epoch Lightning sets (one process;
+    ``EpochShardSampler`` is its DDP counterpart).
+    """
+
+    def __init__(self, data_source: Sequence, seed: int = 0, keyed: bool = False) -> None:
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+        self.keyed = keyed
+        self._resume_at: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume(self, epoch: int, samples_done: int) -> None:
+        """Skip the samples a checkpointed run already trained on, in every iteration of ``epoch``: Lightning
+        starts one to check the loader, and a loader with workers reads ahead from it at once."""
+        self._resume_at = (epoch, samples_done)
+
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+        self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
+        order = epoch_order(len(self.data_source), self.seed, self.epoch, self._resume_at)
+        return with_epoch(order.tolist(), self.epoch, self.keyed)
+
+
+def resuming(epoch: int, resume_at: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
+    """``(epoch, resume_at)`` for an iteration: a resumed run's first iteration is its checkpoint's epoch, though
+    Lightning iterates a loader before it sets the epoch (a loader with workers reads ahead at once); the skip
+    holds for every iteration of that epoch, and ends with it."""
+    if resume_at is None or epoch > resume_at[0]:
+        return epoch, None
+    return resume_at[0], resume_at
+
+
+def with_epoch(indices: list[int], epoch: int, keyed: bool) -> Iterator[int] | Iterator[tuple[int, int]]:
+    """The indices, or ``(index, epoch)`` keys for a dataset whose augmentation is seeded by both (``Augmented``):
+    the same sample gets the same random crop in a resumed run, in any worker process."""
+    return iter([(i, epoch) for i in indices] if keyed else indices)
+
+
+def epoch_order(size: int, seed: int, epoch: int, resume_at: tuple[int, int] | None) -> torch.Tensor:
+    """The epoch's shuffled indices (seeded by seed + epoch), less those a resumed run already trained on."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
+    if resume_at is not None and resume_at[0] == epoch:
+        order = order[resume_at[1]:]
+    return order
+
+
+def group_ends_at(step: int, k: int, every: tuple[int, ...]) -> bool:
+    """Whether a group of batches must end once ``step`` optimizer steps are done."""
+    return step % k == 0 or any(n and step % n == 0 for n in every)
+
+
+class EpochBatches(Sampler[torch.Tensor]):
+    """The same shuffled order as ``EpochShuffleSampler``, handed out as index tensors on ``device``.
+
+    The epoch's permutation is copied to the device once; each batch is a slice of it, so a
+    step makes no host list and no host-to-device copy (which would make the host wait for
+    the GPU). ``position`` gives the trainer's ``(epoch, global step)`` when iteration starts.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, device: torch.device,
+                 position: Callable[[], tuple[int, int]] = lambda: (0, 0), k: int = 1,
+                 every: tuple[int, ...] = ()) -> None:
+        self.size, self.batch_size, self.seed, self.device = size, batch_size, seed, device
+        self.position, self.k, self.every = position, k, every
+        self._resume_at: tuple[int, int] | None = None
+        self.epoch_start_step = 0  # the global step this epoch began at (a resumed one too)
+
+    def resume(self, epoch: int, samples_done: int) -> None:
+        self._resume_at = (epoch, samples_done)
+
+    def __len__(self) -> int:
+        return batches_of(self.size, self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        epoch, step = self.position()
+        order = epoch_order(self.size, self.seed, epoch, self._resume_at)
+        if not len(order):  # resumed from the end of this epoch, before Lightning moved on: the next one
+            epoch += 1
+            order = epoch_order(self.size, self.seed, epoch, None)
+        if self.device.type == "cuda":  # from pinned memory, without waiting for the work queued before it
+            order = order.pin_memory().to(self.device, non_blocking=True)
+        else:
+            order = order.to(self.device)
+        self.epoch_start_step = step - (self.size - len(order)) // self.batch_size
+        self._resume_at = None
+        start = 0
+        while start < len(order):
+            batches = 1
+            while start + batches * self.batch_size < len(order) and not group_ends_at(step + batches, self.k,
+                                                                                        self.every):
+                batches += 1
+            yield order[start: start + batches * self.batch_size]
+            start, step = start + batches * self.batch_size, step + batches
+
+
+class StepGroups(EpochBatches):
+    """``EpochBatches`` of ``k`` consecutive batches per Lightning step (``project/training/steps_per_call.py``).
+
+    A group ends after ``k`` batches, or earlier where ``group_ends_at`` says (logging and
+    checkpoint steps, counted from the run's global step), or at the end of the epoch. It has
+    no length, so Lightning ends the epoch when the groups run out, whatever their count; it
+    then starts iterating before it sets a resumed epoch, hence ``position``.
+    """
+
+    def __len__(self) -> int:
+        raise TypeError("the number of groups depends on where the epoch starts")
+
+
+class EpochShardSampler(DistributedSampler):
+    """This rank's shard of the epoch's shuffled order, resumable mid-epoch (DDP training).
+
+    The order is ``DistributedSampler``'s (a permutation seeded by seed + epoch, padded to a
+    multiple of the world size, every world-size-th index from this rank's offset), so it
+    depends only on seed, epoch and world size. Being a ``DistributedSampler``, Lightning keeps
+    it instead of putting its own in its place, so a resumed epoch skips exactly the samples
+    this rank already trained on.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int = 0, keyed: bool = False) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.keyed = keyed
+        self._resume_at: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, samples_done: int) -> None:
+        self._resume_at = (epoch, samples_done)
+
+    def __iter__(self) -> Iterator[int]:
+        self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
+        shard = list(super().__iter__())
+        if self._resume_at is not None:
+            shard = shard[self._resume_at[1]:]
+        return with_epoch(shard, self.epoch, self.keyed)
+
+
+class EvalShardSampler(DistributedSampler):
+    """Splits an evaluation set across ranks without padding.
+
+    ``DistributedSampler`` repeats samples so every rank gets the same count; that would count
+    them twice in accuracy. Each sample here is seen by exactly one rank, and torchmetrics sums
+    the ranks' states, so a DDP evaluation equals a single-process one.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -304,10 +520,10 @@ class TensorDataModule(L.LightningDataModule):
             batches.resume(*self._resume_at)
         return batches
 
-    def use_steps(self, plan: StepPlan) -> None:
-        """Hand out batches as the run's steps take them: one per Lightning step, or groups of K (with the step
+    def use_steps(self, k: int, grouped: bool, group_ends_every: tuple[int, ...]) -> None:
+        """Hand out batches as the run's steps take them: one per Lightning step, or groups of ``k`` (with the step
         counts at which a group must end)."""
-        self.steps_per_call, self.grouped, self.group_ends_every = plan.steps.k, plan.grouped, plan.group_ends_every
+        self.steps_per_call, self.grouped, self.group_ends_every = k, grouped, group_ends_every
 
     def use_steps_per_call(self, k: int) -> None:
         """Hand out groups of ``k`` batches from the next group on (``auto`` follows the run's step time)."""

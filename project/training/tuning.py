@@ -14,11 +14,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.reliability.run_files import run_dir
+from project.reliability.run_folder import run_dir
 from project.training.build import global_batch
 from project.training.classifier import ClassifierModule
-from project.training.plan import batches_of
-from project.training.tensor_data import TensorDataModule
+from project.training.tensor_data import TensorDataModule, batches_of
 
 FINDER_TRIALS = 6  # doublings the batch-size finder tries
 BATCH_SIZE_CAP = 8192  # Lightning's own default ceiling for the finder

@@ -1,22 +1,86 @@
-"""How the processes of a DDP job end: all of them within seconds when one rank fails, each cleanly when the run
-finished (SIGTERM: reliability/stops.py)."""
+"""The processes of a job: how they are launched, how they end, and how a cluster takes them back.
+
+A DDP job's ranks all end within seconds when one fails, and each ends cleanly when the run finished
+(SIGTERM: reliability/stops.py); a process started for a run (a rank, a sweep worker) dies with its parent.
+Under SLURM, ``slurm/train.sbatch`` runs ``train.py`` with ``--run-version job_<id> --resume auto`` under
+``--signal=USR1@120 --requeue``: on SIGUSR1 the run stops at its next resume point, rank 0 asks
+``scontrol requeue`` for the job, and the requeued job (same id, same folder) resumes from its
+``last.ckpt``. Lightning's own auto-requeue saves inside the signal handler; it is switched off.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project import internals
 from project.errors import Terminated, UserError
-from project.reliability.processes import die_with_parent
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before that took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
+MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
+def cluster_plugins() -> list[ClusterEnvironment]:
+    """The cluster environment of this run, for the Trainer: SLURM's ranks and world size without Lightning's
+    SIGUSR1 handler inside a SLURM job step; Lightning's own detection under another launcher; else the plain
+    environment, said outright: Lightning's detection would import mpi4py where it is installed, and starting
+    MPI costs a GPU run a large share of its own time."""
+    if SLURMEnvironment.detect():
+        return [SLURMEnvironment(auto_requeue=False)]
+    if any(key in os.environ for key in MPI_LAUNCHERS) or TorchElasticEnvironment.detect() or LSFEnvironment.detect():
+        return []
+    return [LightningEnvironment()]
+
+
+def job_to_requeue() -> str | None:
+    """This SLURM job as ``scontrol requeue`` names it, on rank 0 (None outside SLURM and on the other ranks)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if "SLURM_ARRAY_JOB_ID" in os.environ:  # an array task is requeued by its array id and index
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return job if job and internals.is_rank_zero() else None
+
+
+def requeue(job: str) -> str | None:
+    """``scontrol requeue`` the job: None when SLURM took it, else why not."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return "scontrol is not on PATH here"
+    done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+    return None
+
 
 STARTED_RANKS_WAIT_S = 60.0  # a started rank has only its teardown left once rank 0's run ends
 
