@@ -22,7 +22,7 @@ from helpers import (
 from project.errors import CheckpointError, DataError, UsageError, run_cli
 from project.reliability.checkpointing import AtomicCheckpointIO, atomic_save, read_checkpoint, read_weights
 from project.reliability.resume import checkpoint_to_resume
-from project.reliability.run_folder import check_outputs_writable
+from project.reliability.run_folder import RunFolder
 from project.results.evaluation import load_classifier
 
 
@@ -109,10 +109,10 @@ def test_export_needs_overwrite_and_unwritable_outputs_fail_before_training(shar
     existing = tmp_path / "model.pth"
     existing.write_bytes(b"keep me")
     with pytest.raises(UsageError, match="the file exists; add --overwrite"):
-        check_outputs_writable(tiny_config(shared_tiny_data, tmp_path / "logs", export=str(existing)))
+        RunFolder.check_outputs_writable(tiny_config(shared_tiny_data, tmp_path / "logs", export=str(existing)))
     assert existing.read_bytes() == b"keep me"
     with pytest.raises(UsageError, match="is a directory; give a file path"):
-        check_outputs_writable(tiny_config(shared_tiny_data, tmp_path / "logs", export=str(tmp_path)))
+        RunFolder.check_outputs_writable(tiny_config(shared_tiny_data, tmp_path / "logs", export=str(tmp_path)))
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     done = run_script("train.py", "--data-dir", str(shared_tiny_data), "--logdir", str(blocker / "logs"), *TINY)

@@ -240,24 +240,6 @@ def release_all() -> None:
     _OWNED.clear()
 
 
-def end_record(folder: Path, error: BaseException | None) -> None:
-    """How the run ended: finished, stopped (a signal, Ctrl-C) or failed (with its one line)."""
-    from project.errors import NothingToDo, Terminated
-
-    if isinstance(error, NothingToDo) or not (folder / RUN_RECORD).is_file():
-        return
-    if error is None:
-        state: dict[str, Any] = {"state": "finished", "error": None}
-    elif isinstance(error, (Terminated, KeyboardInterrupt)):
-        state = {"state": "stopped", "error": None}
-    else:
-        state = {"state": "failed", "error": first_line(error)}
-    try:
-        write_record(folder, **state)
-    except (OSError, DamagedRecord):
-        pass  # a full disk or a damaged record (what stopped the run, maybe): its own error is the one to report
-
-
 def is_locked(folder: Path) -> bool:
     """Whether a live process holds the folder (its run is training)."""
     import fcntl
@@ -416,30 +398,6 @@ def tensorboard_of(trainer: L.Trainer) -> Any:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-
-
-def check_outputs_writable(config: RunConfig) -> None:
-    """Report an unwritable or full log folder, or a bad export path, now and not after training."""
-    if config.fast_dev_run:
-        return
-    if config.export and config.export_pt2 and Path(config.export).resolve() == Path(config.export_pt2).resolve():
-        raise UsageError(f"--export and --export-pt2 name the same file, {config.export}: one would overwrite the "
-                         "other; give each its own path")
-    _check_writable_dir(Path(config.logdir), "--logdir")
-    named = Path(config.logdir) / config.name / (config.run_version or "")
-    if config.run_version and named.exists() and internals.is_rank_zero() and not config.resume:
-        raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
-                         "choose another (or continue it with --resume)")
-    exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
-    for flag, value, example in exports:
-        if not value:
-            continue
-        export = Path(value)
-        if export.is_dir():
-            raise UsageError(f"{flag} {export}: is a directory; give a file path such as {export / example}")
-        if export.exists() and not config.overwrite:
-            raise UsageError(f"{flag} {export}: the file exists; add --overwrite to replace it")
-        _check_writable_dir(export.parent, flag)
 
 
 def _check_writable_dir(folder: Path, flag: str) -> None:
@@ -606,64 +564,6 @@ def finished_results(folder: Path) -> dict[str, Any] | None:
     return results if weights and Path(weights).is_file() else None
 
 
-def save_config(folder: Path, config: RunConfig, recipe: str | None = None) -> Path:
-    """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run, with the recipe they
-    are for (``--config`` of another recipe's file is refused)."""
-    import yaml
-
-    path = folder / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mapping = {**({"recipe": recipe} if recipe else {}), **config.to_mapping()}
-    path.write_text(yaml.safe_dump(redact_values(mapping), sort_keys=False))
-    return path
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    """``config.yaml`` as ``save_config`` wrote it; empty where there is none or it cannot be read as one."""
-    import yaml
-
-    try:
-        saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
-
-
-def write_results(path: Path, results: dict[str, Any]) -> None:
-    """The run's numbers for machines: full precision, unlike the printed summary."""
-    values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}
-    path.write_text(json.dumps(redact_values(values), indent=2))
-
-
-def log_run_text(trainer: L.Trainer, config: RunConfig) -> None:
-    """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
-    tensorboard = tensorboard_of(trainer)
-    if tensorboard is None:
-        return
-    command = " ".join(shlex.quote(redact(part)) for part in [Path(sys.executable).name, *sys.argv])
-    settings = {**config.to_mapping(), "world_size": trainer.world_size}
-    table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
-    tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
-    tensorboard.experiment.add_text("run/config", table, 0)
-
-
-def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
-    """Fill TensorBoard's HPARAMS tab with every setting of the run and its real best and test accuracy (the
-    other loggers get the settings; the metrics are in their rows already)."""
-    from lightning.pytorch.core.saving import save_hparams_to_yaml
-
-    hparams = redact_values(hparams)
-    for logger in trainer.loggers:
-        if hasattr(logger, "log_results"):
-            logger.log_results(hparams, metrics)
-        else:
-            logger.log_hyperparams(hparams)
-        logger.save()
-    # The loggers wrote hparams.yaml when the run started, before these were known.
-    if trainer.loggers:
-        save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)
-
-
 @dataclass(frozen=True)
 class RunFolder:
     """``LOGDIR/NAME/VERSION``: one run's checkpoints, records, logs and outputs."""
@@ -705,7 +605,21 @@ class RunFolder:
         release_all()
 
     def record_end(self, error: BaseException | None) -> None:
-        end_record(self.path, error)
+        """How the run ended: finished, stopped (a signal, Ctrl-C) or failed (with its one line)."""
+        from project.errors import NothingToDo, Terminated
+
+        if isinstance(error, NothingToDo) or not (self.path / RUN_RECORD).is_file():
+            return
+        if error is None:
+            state: dict[str, Any] = {"state": "finished", "error": None}
+        elif isinstance(error, (Terminated, KeyboardInterrupt)):
+            state = {"state": "stopped", "error": None}
+        else:
+            state = {"state": "failed", "error": first_line(error)}
+        try:
+            write_record(self.path, **state)
+        except (OSError, DamagedRecord):
+            pass  # a full disk or a damaged record (what stopped the run, maybe): its own error is the one to report
 
     def remove_if_refused(self) -> None:
         """A new run that Lightning's own checks refused leaves no folder behind (one with a checkpoint stays)."""
@@ -720,32 +634,86 @@ class RunFolder:
         return cls(run_dir(trainer))
 
     @staticmethod
-    def check_outputs_writable(config: Any) -> None:
-        """An unwritable or full log folder, a taken ``--run-version`` or a bad export path: one line now, before
-        the run trains."""
-        check_outputs_writable(config)
+    def check_outputs_writable(config: RunConfig) -> None:
+        """Report an unwritable or full log folder, or a bad export path, now and not after training."""
+        if config.fast_dev_run:
+            return
+        if config.export and config.export_pt2 and Path(config.export).resolve() == Path(config.export_pt2).resolve():
+            raise UsageError(f"--export and --export-pt2 name the same file, {config.export}: one would overwrite the "
+                             "other; give each its own path")
+        _check_writable_dir(Path(config.logdir), "--logdir")
+        named = Path(config.logdir) / config.name / (config.run_version or "")
+        if config.run_version and named.exists() and internals.is_rank_zero() and not config.resume:
+            raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
+                             "choose another (or continue it with --resume)")
+        exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
+        for flag, value, example in exports:
+            if not value:
+                continue
+            export = Path(value)
+            if export.is_dir():
+                raise UsageError(f"{flag} {export}: is a directory; give a file path such as {export / example}")
+            if export.exists() and not config.overwrite:
+                raise UsageError(f"{flag} {export}: the file exists; add --overwrite to replace it")
+            _check_writable_dir(export.parent, flag)
 
-    def save_config(self, config: Any, recipe: str | None = None) -> Path:
-        return save_config(self.path, config, recipe)
+    def save_config(self, config: RunConfig, recipe: str | None = None) -> Path:
+        """``config.yaml``: the settings as trained, which ``--config`` reads back to the same run, with the recipe they
+        are for (``--config`` of another recipe's file is refused)."""
+        import yaml
+
+        path = self.path / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mapping = {**({"recipe": recipe} if recipe else {}), **config.to_mapping()}
+        path.write_text(yaml.safe_dump(redact_values(mapping), sort_keys=False))
+        return path
 
     @property
     def saved_config(self) -> dict[str, Any]:
-        """``config.yaml`` as the run saved it (empty where there is none)."""
-        return read_config(self.path)
+        """``config.yaml`` as ``save_config`` wrote it; empty where there is none or it cannot be read as one."""
+        import yaml
+
+        try:
+            saved = yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return {}
+        return saved if isinstance(saved, dict) else {}
 
     @staticmethod
-    def log_settings(trainer: Any, config: Any) -> None:
+    def log_settings(trainer: L.Trainer, config: RunConfig) -> None:
         """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
-        log_run_text(trainer, config)
+        tensorboard = tensorboard_of(trainer)
+        if tensorboard is None:
+            return
+        command = " ".join(shlex.quote(redact(part)) for part in [Path(sys.executable).name, *sys.argv])
+        settings = {**config.to_mapping(), "world_size": trainer.world_size}
+        rows = "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
+        table = "| setting | value |\n|---|---|\n" + rows
+        tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
+        tensorboard.experiment.add_text("run/config", table, 0)
 
     @staticmethod
-    def log_hparams_with_results(trainer: Any, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
-        """TensorBoard's HPARAMS tab: every setting of the run with its real best and test accuracy."""
-        log_hparams_with_results(trainer, hparams, metrics)
+    def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
+        """Fill TensorBoard's HPARAMS tab with every setting of the run and its real best and test accuracy (the
+        other loggers get the settings; the metrics are in their rows already)."""
+        from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+        hparams = redact_values(hparams)
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_results"):
+                logger.log_results(hparams, metrics)
+            else:
+                logger.log_hyperparams(hparams)
+            logger.save()
+        # The loggers wrote hparams.yaml when the run started, before these were known.
+        if trainer.loggers:
+            save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)
 
     def write_results(self, results: dict[str, Any]) -> Path:
+        """The run's numbers for machines: full precision, unlike the printed summary."""
+        values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}
         path = self.path / "results.json"
-        write_results(path, results)
+        path.write_text(json.dumps(redact_values(values), indent=2))
         return path
 
     # ------------------------------------------------------------------ reading a run, any script
