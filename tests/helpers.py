@@ -60,23 +60,31 @@ def run_script(script: str, *args: str, timeout: float = 300, env: dict | None =
     )
 
 
-def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 60,
-                    env: dict | None = None) -> subprocess.CompletedProcess:
-    """``run_script`` for a command that refuses before it trains: the script's own ``__main__`` in a process forked
-    from one that has imported torch and Lightning already (``multiprocessing``'s fork server), so that each run
-    does not pay their import again. The script runs as it would from a shell (its argv, this folder, its exit code,
-    stdout and stderr apart); only the interpreter's start is shared."""
+def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None,
+                    root: Path = ROOT) -> subprocess.CompletedProcess:
+    """``run_script`` without the interpreter's start: ``root``'s ``scripts/<script>`` run as its ``__main__`` in a
+    process forked from one that has imported torch and Lightning already (``multiprocessing``'s fork server, one
+    per test process), so that each run does not pay their import again. Everything else is the script's own, as
+    from a shell: its argv, its folder, its environment, the ``sys.path`` a fresh interpreter would have (the
+    script's folder, ``PYTHONPATH``, the installed packages: the project imported anew from ``root``), its exit
+    code, stdout and stderr apart. For one process: a DDP run, which starts its ranks from ``sys.argv``, runs in
+    ``run_script``, as does a test of what a fresh interpreter prints or imports."""
     import multiprocessing
     import tempfile
 
-    global _WARM
+    global _WARM, _FRESH_PATH
     if _WARM is None:
         _WARM = multiprocessing.get_context("forkserver")
-        _WARM.set_forkserver_preload(["torch", "lightning", "project.api", "helpers"])
+        _WARM.set_forkserver_preload(["torch", "lightning", "helpers"])
+        clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        _FRESH_PATH = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"], env=clean,
+                                     capture_output=True, text=True, check=True, cwd="/").stdout
+    path = root / "scripts" / script
     with tempfile.TemporaryDirectory() as scratch:
         out, err = Path(scratch) / "out", Path(scratch) / "err"
-        process = _WARM.Process(target=_script_main, args=(str(ROOT / "scripts" / script), list(args), str(cwd),
-                                                            {**os.environ, **(env or {})}, str(out), str(err)))
+        child_env = {**os.environ, **(env or {})}
+        process = _WARM.Process(target=_script_main, args=(str(path), list(args), str(cwd), child_env, str(out),
+                                                            str(err), _FRESH_PATH))
         process.start()
         process.join(timeout)
         if process.is_alive():
@@ -87,15 +95,23 @@ def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 
 
 
 _WARM: Any = None
+_FRESH_PATH = ""
 
 
-def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
+                 fresh_path: str) -> None:
     """The child of ``run_script_warm``: the script as ``python path args`` would run it."""
+    import ast
+    import atexit
+    import multiprocessing
     import runpy
 
+    multiprocessing.set_start_method(None, force=True)  # the platform's own, as in a fresh interpreter (not ours)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:] = [str(Path(path).parent), *extra, *ast.literal_eval(fresh_path)]
     for fd, file in ((1, out), (2, err)):
         os.dup2(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, flushed at exit
@@ -114,23 +130,39 @@ def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out:
         traceback.print_exc()
         code = 1
     finally:
+        atexit._run_exitfuncs()  # what the interpreter runs at its exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
+def one_process(args: tuple[str, ...] | list[str]) -> bool:
+    """A command line that starts no DDP ranks (no ``--devices`` beyond 1, no strategy, nodes or preset): it may run
+    warm (``run_script_warm``)."""
+    for flag, value in zip(args, [*args[1:], ""], strict=True):
+        if (flag == "--devices" and value != "1") or (flag.startswith("--devices=") and flag != "--devices=1"):
+            return False
+        if flag.startswith(("--strategy", "--num-nodes", "--config", "--trainer.strategy", "--trainer.devices",
+                            "--trainer.num_nodes")):
+            return False
+    return True
+
+
 def run_in(template: Path, script: str, *args: str, timeout: float = 300,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder, on the
-    recipe installed there."""
+    recipe installed there (warm where it starts no ranks)."""
+    env = {"PROJECT_RECIPE": "project.recipe", **(env or {})}
+    if one_process(args):
+        return run_script_warm(script, *args, cwd=template, timeout=timeout, env=env, root=template)
     return subprocess.run([sys.executable, str(template / "scripts" / script), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PROJECT_RECIPE": "project.recipe",
-                                                           **(env or {})}, cwd=template)
+                          text=True, timeout=timeout, env={**os.environ, **env}, cwd=template)
 
 
 def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run_script("train.py", "--data-dir", str(data_dir), "--logdir", str(logdir), *TINY, *extra,
-                      timeout=timeout)
+    args = ("--data-dir", str(data_dir), "--logdir", str(logdir), *TINY, *extra)
+    return run_script_warm("train.py", *args, timeout=timeout) if one_process(args) else \
+        run_script("train.py", *args, timeout=timeout)
 
 
 class FakeClock:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import SHAPES, draw_shapes, run_script
+from helpers import SHAPES, draw_shapes, run_script_warm
 from project.errors import UsageError
 from project.results.image_files import read_resized
 from project.scaffold import recipe_from_images, recipe_from_package, survey
@@ -29,26 +29,26 @@ def written_data_module(package: Path):
 @pytest.mark.slow
 def test_a_folder_of_images_becomes_a_recipe_that_checks_trains_and_predicts_as_it_evaluates(tmp_path):
     images = draw_shapes(tmp_path / "pictures")
-    made = run_script("new_recipe.py", "shapes3", "--images", str(images), "--out", str(tmp_path))
+    made = run_script_warm("new_recipe.py", "shapes3", "--images", str(images), "--out", str(tmp_path))
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith(f"recipe shapes3 written to {tmp_path / 'shapes3'}: 3 classes (circle, square, "
                                   "triangle), inputs 3x40x40")
     assert f"next: PYTHONPATH={tmp_path} PROJECT_RECIPE=shapes3 .venv/bin/python scripts/train.py" in made.stdout
     env = {"PROJECT_RECIPE": "shapes3", "PYTHONPATH": str(tmp_path)}
-    checked = run_script("check_recipe.py", env=env)
+    checked = run_script_warm("check_recipe.py", env=env)
     assert checked.returncode == 0 and "all 10 checks passed" in checked.stdout, checked.stdout + checked.stderr
     logs = tmp_path / "logs"
     # Its data is the recipe's default; a DATA_DIR exported for other data (CI's MNIST) must not replace it.
-    trained = run_script("train.py", "--max-epochs", "2", "--logdir", str(logs), env=env)
+    trained = run_script_warm("train.py", "--max-epochs", "2", "--logdir", str(logs), env=env)
     assert trained.returncode == 0, trained.stderr
     results = json.loads(next(logs.glob("shapes3/version_0/results.json")).read_text())
     assert results["test/acc"] > 0.6  # three classes: chance is a third
-    evaluated = run_script("evaluate.py", "--logdir", str(logs), "--json", env=env)
+    evaluated = run_script_warm("evaluate.py", "--logdir", str(logs), "--json", env=env)
     assert evaluated.returncode == 0, evaluated.stderr
     evaluation = json.loads(evaluated.stdout)
     test_files = written_data_module(tmp_path / "shapes3").ImageFolders(data_dir=images).load_samples(False).files
     assert evaluation["samples"] == len(test_files) == 36  # a fifth of each class held out
-    predicted = run_script("predict.py", "--logdir", str(logs), "--json", *[str(path) for path, _ in test_files],
+    predicted = run_script_warm("predict.py", "--logdir", str(logs), "--json", *[str(path) for path, _ in test_files],
                            env=env)
     assert predicted.returncode == 0, predicted.stderr
     rows = json.loads(predicted.stdout)["results"]
@@ -134,7 +134,7 @@ def test_a_name_that_cannot_be_a_package_is_refused(tmp_path, name, message):
 
 
 def test_the_script_says_a_mistake_in_one_line(tmp_path):
-    done = run_script("new_recipe.py", "fine", "--images", str(tmp_path / "nowhere"), "--out", str(tmp_path))
+    done = run_script_warm("new_recipe.py", "fine", "--images", str(tmp_path / "nowhere"), "--out", str(tmp_path))
     assert done.returncode == 2 and done.stderr == f"new_recipe.py: error: --images {tmp_path / 'nowhere'}: no such " \
                                                    "folder\n"
 
