@@ -312,7 +312,7 @@ MUTANTS = (
            ("project/recipe/tests/test_mnist_data.py::test_bad_mnist_file_gets_one_line_naming_it[link loop]",)),
     # Fresh bugs of a reader who had not seen the tests (round 3), each a broken promise a user relies on.
     Mutant("resume-resets-the-start-time", "the newest run is the one that started last, resumed or not",
-           "project/reliability/run_folder.py", '    if not resumed or "started" not in read_record(folder):',
+           "project/reliability/run_folder.py", '    if not resumed or "started" not in read_run_record(folder):',
            "    if True:",
            ("tests/test_run_records.py::test_a_resume_keeps_when_its_run_started_so_the_newest_run_stays_the_newest",)),
     Mutant("early-failure-deletes-the-folder", "a run that fails or stops before its first checkpoint keeps its folder",

@@ -243,7 +243,7 @@ def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
     # ... nor a smoke test: only a limit that limits something marks the run as one.
     limits = {"limit_train_batches": 1.0, "max_steps": -1, "limit_val_batches": 2}
     run_folder.start_record(tmp_path, limits, resumed=False)
-    assert run_folder.read_record(tmp_path)["limited"] == ["limit_val_batches"]
+    assert run_folder.read_run_record(tmp_path)["limited"] == ["limit_val_batches"]
 
 
 def test_a_test_label_the_model_cannot_predict_is_refused_before_training(tmp_path):

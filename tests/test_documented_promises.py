@@ -56,7 +56,7 @@ def test_a_run_stopped_by_ctrl_c_is_recorded_as_stopped(data, tmp_path):
         train(tiny_config(data, tmp_path, max_epochs=3, accelerator="cpu", steps_per_call=1), callbacks=[CtrlC()])
     (run,) = run_folder.runs(tmp_path, "tiny")
     assert run.describe() == "stopped at step 3"
-    assert run_folder.read_record(run.folder)["state"] == "stopped"
+    assert run_folder.read_run_record(run.folder)["state"] == "stopped"
 
 
 def test_a_run_killed_with_kill_9_is_listed_as_killed(data, tmp_path):
@@ -67,13 +67,14 @@ def test_a_run_killed_with_kill_9_is_listed_as_killed(data, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = logs / "tiny" / "version_0" / "run.json"
     deadline = time.monotonic() + 120
-    while not (record.is_file() and run_folder.read_record(record.parent).get("step")) and time.monotonic() < deadline:
+    while not (record.is_file() and run_folder.read_run_record(record.parent).get("step")) and \
+            time.monotonic() < deadline:
         time.sleep(0.1)
     assert proc.poll() is None, "the run ended before it could be killed"
     assert run_folder.run_info(record.parent).state == "running"
     proc.kill()
     proc.wait(timeout=60)
-    assert run_folder.read_record(record.parent)["state"] == "running"  # nothing could record the kill
+    assert run_folder.read_run_record(record.parent)["state"] == "running"  # nothing could record the kill
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--logdir", str(logs), "--name",
                              "tiny"], capture_output=True, text=True, timeout=60)
     assert "killed at step" in listed.stdout, listed.stdout

@@ -35,6 +35,8 @@ from project.errors import UsageError, first_line, not_a_regular_file, one_field
 
 RUN_RECORD = "run.json"
 RESULTS = "results.json"
+LOCK = ".run.lock"
+BEST_NAME = re.compile(r"acc(\d+\.\d+)")  # a checkpoint's score in its file name, for runs before run.json
 STATES = ("running", "finished", "stopped", "failed")
 # Trainer arguments that make a run a smoke test: its numbers are not a model's.
 LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "max_steps", "overfit_batches")
@@ -140,7 +142,7 @@ def read_mapping(path: Path, fields: Mapping[str, tuple[Check, str]]) -> dict[st
 
 
 def read_run_record(folder: Path) -> dict[str, Any]:
-    """A run's ``run.json``, checked."""
+    """A run's ``run.json``, checked (empty for a folder written before runs kept one)."""
     return read_mapping(folder / RUN_RECORD, RUN_FIELDS)
 
 
@@ -149,18 +151,9 @@ def read_results(folder: Path) -> dict[str, Any]:
     return read_mapping(folder / RESULTS, RESULT_FIELDS)
 
 
-LOCK = ".run.lock"
-BEST_NAME = re.compile(r"acc(\d+\.\d+)")
-
-
-def read_record(folder: Path) -> dict[str, Any]:
-    """The run's ``run.json``, checked (empty for a folder written before runs kept one)."""
-    return read_run_record(folder)
-
-
 def write_record(folder: Path, **changes: Any) -> None:
     """Update ``run.json`` atomically (a reader never sees half a file)."""
-    record = {**read_record(folder), **changes}
+    record = {**read_run_record(folder), **changes}
     temporary = folder / f".{RUN_RECORD}.{os.getpid()}.tmp"
     try:
         temporary.write_text(json.dumps(redact_values(record), indent=2))
@@ -177,7 +170,7 @@ def start_record(folder: Path, trainer_args: dict[str, Any], resumed: bool, reci
     changes: dict[str, Any] = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
                                "limited": limited, "error": None}
     changes.update({key: value for key, value in (("recipe", recipe), ("data_dir", data_dir)) if value is not None})
-    if not resumed or "started" not in read_record(folder):
+    if not resumed or "started" not in read_run_record(folder):
         changes["started"] = time.time()
     write_record(folder, **changes)
 
@@ -198,7 +191,7 @@ class RunLock:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             handle.close()
-            holder = read_record(self.folder)
+            holder = read_run_record(self.folder)
             who = f" (pid {holder['pid']} on {holder['host']})" if holder.get("pid") else ""
             raise UsageError(f"{flag}: {self.folder} is in use by a run still training{who}; runs never share a "
                              "folder: wait for it to stop, or choose another") from None
@@ -288,7 +281,7 @@ class RunInfo:
 
 def run_info(folder: Path) -> RunInfo:
     try:
-        record, results = read_record(folder), read_results(folder)
+        record, results = read_run_record(folder), read_results(folder)
     except DamagedRecord as damaged:
         return RunInfo(folder=folder, started=_first_written(folder), state="damaged", step=None, limited=(),
                        test_acc=None, best=None, error=damaged.reason)
@@ -337,7 +330,7 @@ def best_checkpoint(folder: Path, record: dict[str, Any] | None = None,
     """The run's best checkpoint by the score it recorded (``run.json``, else ``results.json``), else by the scores
     in the file names (runs written before ``run.json``); None if it has none."""
     checkpoints = folder / "checkpoints"
-    for source in (record if record is not None else read_record(folder),
+    for source in (record if record is not None else read_run_record(folder),
                    results if results is not None else read_results(folder)):
         named = source.get("best_checkpoint")
         if named and (checkpoints / Path(named).name).is_file():  # a moved folder: the same file, here
