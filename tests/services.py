@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -33,6 +33,14 @@ def postgres_tool(name: str) -> str | None:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     return found[-1] if found else shutil.which(name)
 
+
+
+def free_port() -> int:
+    """A loopback port no process listens on now, as the kernel picks one (not Python's ``random``, which a test's
+    ``seed_everything`` makes repeat across sessions, so that two sessions, or one and a leftover server, collide)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 class Postgres:
     """A PostgreSQL server in a temporary folder, listening on 127.0.0.1; each test gets its own database."""
@@ -70,7 +78,7 @@ def postgres_server() -> Iterator[Postgres]:
                    capture_output=True, timeout=120)
     server = None
     for _ in range(5):  # a port another process took in between: try another
-        port = random.randint(20000, 60000)
+        port = free_port()
         started = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
                                   f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
                                  capture_output=True, text=True, timeout=120)
@@ -151,9 +159,8 @@ def slurm_cluster() -> Iterator[Slurm]:
     folder = Path(tempfile.mkdtemp(prefix="slurm-"))
     (folder / "state").mkdir()
     (folder / "spool").mkdir()
-    port = random.randint(20000, 50000)
     conf = folder / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(folder=folder, port=port, port_d=port + 1))
+    conf.write_text(SLURM_CONF.format(folder=folder, port=free_port(), port_d=free_port()))
     key = folder / "munge.key"  # a key of its own: nothing of the machine's munge is touched
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
