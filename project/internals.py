@@ -35,6 +35,8 @@ TOUCHED = (
     ("torch", "_foreach_mul_"),
     ("torch", "_foreach_sub_"),
     ("optuna FrozenTrial", "_trial_id"),
+    ("lightning launchers", "_SubprocessScriptLauncher"),
+    ("lightning launchers", "_MultiProcessingLauncher"),
 )
 
 # Where a Lightning 2 checkpoint keeps the fit loop's counts (``checkpoint["loops"]["fit_loop"]``).
@@ -101,6 +103,20 @@ def count_scheduler_steps(scheduler: Any, steps: int) -> None:
 def scaler_tensors(scaler: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``GradScaler``'s scale and growth tracker, which a captured step updates in place."""
     return scaler._scale, scaler._growth_tracker
+
+
+def started_ranks(launcher: Any) -> list[Any]:
+    """The rank processes Lightning's script launcher started in this one (``Popen`` each); none under another."""
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    return launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else []
+
+
+def spawns_ranks(launcher: Any) -> bool:
+    """Whether Lightning spawned this process's ranks (each one's process ends with its fit or test)."""
+    from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+    return isinstance(launcher, _MultiProcessingLauncher)
 
 
 def trial_id(trial: Any) -> int:

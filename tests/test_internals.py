@@ -15,6 +15,7 @@ from project import internals
 
 def owners() -> dict[str, object]:
     """A real object of each kind ``internals.TOUCHED`` names."""
+    from lightning.pytorch.strategies import launchers
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
     from torch.utils.tensorboard import SummaryWriter
 
@@ -35,6 +36,7 @@ def owners() -> dict[str, object]:
         "torch GradScaler": torch.amp.GradScaler("cpu"),
         "torch": torch,
         "optuna FrozenTrial": study.trials[0],
+        "lightning launchers": launchers,
     }
 
 

@@ -27,8 +27,6 @@ from lightning.fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project import internals
@@ -114,9 +112,7 @@ class DdpJobEnd(Callback):
         self._started: list[subprocess.Popen] = []
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        launcher = trainer.strategy.launcher
-        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            self._started = launcher.procs
+        self._started = internals.started_ranks(trainer.strategy.launcher) or self._started
         if trainer.world_size > 1 and "LOCAL_RANK" in os.environ:
             die_with_parent()
 
@@ -127,7 +123,7 @@ class DdpJobEnd(Callback):
                 launcher.kill(signal.SIGKILL)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+        if internals.spawns_ranks(trainer.strategy.launcher):
             end_process_group()  # a spawned rank's process ends with this fit or test
 
     def end(self, error: BaseException | None) -> None:
