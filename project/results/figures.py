@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -178,6 +178,16 @@ def scalars_figure(run: str, wanted: list[str]) -> Any:
     return fig
 
 
+def datamodule_of(trainer: L.Trainer) -> Any:
+    """The run's datamodule (``TensorDataModule``), which Lightning sets on the Trainer at ``fit``."""
+    return trainer.datamodule  # type: ignore[attr-defined]
+
+
+def classifier(module: L.LightningModule) -> Any:
+    """The run's module as these callbacks read it: a ``ClassifierModule`` (its ``model``, its ``num_classes``)."""
+    return module
+
+
 class WorstMistakes:
     """The test inputs misclassified with the highest loss, kept as a running top-k on the device."""
 
@@ -188,12 +198,16 @@ class WorstMistakes:
         self.reset()
 
     def reset(self) -> None:
-        self.loss = self.images = self.log_probs = self.targets = None
+        self.loss: torch.Tensor | None = None
+        self.images: torch.Tensor | None = None
+        self.log_probs: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
 
     def update(self, images: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor) -> None:
         loss = nn.functional.nll_loss(log_probs, targets, reduction="none")
         loss = torch.where(log_probs.argmax(1) != targets, loss, torch.full_like(loss, -torch.inf))
-        if self.loss is not None:
+        if self.loss is not None and self.images is not None and self.log_probs is not None and \
+                self.targets is not None:
             loss, images = torch.cat([self.loss, loss]), torch.cat([self.images, images])
             log_probs, targets = torch.cat([self.log_probs, log_probs]), torch.cat([self.targets, targets])
         keep = loss.topk(min(self.k, len(loss))).indices
@@ -205,7 +219,7 @@ class WorstMistakes:
         pad = self.k - held
         blanks = [torch.full((pad,), -torch.inf, device=device), torch.zeros(pad, *self.input_shape, device=device),
                   torch.zeros(pad, self.num_classes, device=device), torch.zeros(pad, dtype=torch.long, device=device)]
-        if held == 0:
+        if self.loss is None or self.images is None or self.log_probs is None or self.targets is None:
             return blanks
         parts = [self.loss, self.images.float(), self.log_probs, self.targets]
         return [torch.cat([part, blank]) for part, blank in zip(parts, blanks, strict=True)]
@@ -214,7 +228,7 @@ class WorstMistakes:
         """Gather every rank's candidates (all ranks must call this) and keep the real mistakes."""
         parts = self._padded(module.device)
         if module.trainer.world_size > 1:
-            parts = [module.all_gather(p).flatten(0, 1) for p in parts]
+            parts = [cast(torch.Tensor, module.all_gather(p)).flatten(0, 1) for p in parts]
         loss, images, log_probs, targets = parts
         order = loss.argsort(descending=True)[: self.k]
         order = order[torch.isfinite(loss[order])]
@@ -233,10 +247,10 @@ class TensorBoardFigures(Callback):
         self.first_batch: torch.Tensor | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        classes = pl_module.num_classes
+        classes = int(classifier(pl_module).num_classes)
         self.val_confusion = MulticlassConfusionMatrix(num_classes=classes, validate_args=False).to(pl_module.device)
         self.test_confusion = MulticlassConfusionMatrix(num_classes=classes, validate_args=False).to(pl_module.device)
-        self.worst.input_shape, self.worst.num_classes = tuple(trainer.datamodule.input_shape), classes
+        self.worst.input_shape, self.worst.num_classes = tuple(datamodule_of(trainer).input_shape), classes
 
     def _image(self, trainer: L.Trainer, tag: str, image: torch.Tensor, step: int | None = None) -> None:
         tensorboard = tensorboard_of(trainer)
@@ -256,7 +270,7 @@ class TensorBoardFigures(Callback):
 
     def _first_batch_image(self, trainer: L.Trainer) -> None:
         if self.first_batch is not None:
-            images = trainer.datamodule.to_image(self.first_batch)
+            images = datamodule_of(trainer).to_image(self.first_batch)
             self._image(trainer, "train/first_batch", batch_grid(images), step=0)
             self.first_batch = None
 
@@ -287,7 +301,7 @@ class TensorBoardFigures(Callback):
             return
         self._image(trainer, "test/confusion_matrix", confusion_image(confusion, "test set"))
         if len(worst["predicted"]):
-            images = trainer.datamodule.to_image(worst["inputs"])
+            images = datamodule_of(trainer).to_image(worst["inputs"])
             self._image(trainer, "test/worst_misclassified",
                         mistakes_image(images, worst["predicted"], worst["true"], worst["confidence"]))
 
@@ -310,26 +324,28 @@ class ModelInTensorBoard(Callback):
             "run/model", f"{summary.trainable_parameters:,} trainable parameters "
                          f"({summary.total_parameters:,} in all)\n\n{table}", 0)
         if self.graph:
-            network = copy.deepcopy(pl_module.model).float().cpu().eval()  # the run's own model is left as it is
-            example = torch.zeros(1, *trainer.datamodule.input_shape)
+            network = copy.deepcopy(classifier(pl_module).model).float().cpu().eval()  # the run's own is left as is
+            example = torch.zeros(1, *datamodule_of(trainer).input_shape)
             with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the tracer's notes on Python control flow
                 tensorboard.experiment.add_graph(network, example)
 
     def _due(self, trainer: L.Trainer) -> bool:
-        return bool(self.histograms_every) and (trainer.current_epoch + 1) % self.histograms_every == 0
+        every = self.histograms_every
+        return every is not None and every > 0 and (trainer.current_epoch + 1) % every == 0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         """Hold the step's gradients: validation clears them before the epoch ends. A reference, not a copy: each
         step makes new ones (zero_grad sets them to None)."""
         if self._due(trainer):
-            self.gradients = {name: p.grad for name, p in pl_module.model.named_parameters() if p.grad is not None}
+            self.gradients = {name: p.grad for name, p in classifier(pl_module).model.named_parameters()
+                              if p.grad is not None}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tensorboard = tensorboard_of(trainer)
         if tensorboard is not None and trainer.is_global_zero and self._due(trainer):
-            for name, parameter in pl_module.model.named_parameters():
+            for name, parameter in classifier(pl_module).model.named_parameters():
                 tensorboard.experiment.add_histogram(f"weights/{name}", parameter.detach().float().cpu(),
                                                      trainer.global_step)
                 if name in self.gradients:  # the epoch's last step's

@@ -67,14 +67,21 @@ def quiet_lightning_info() -> None:
 NEVER = torch.iinfo(torch.int64).max
 
 
+def log_every(trainer: L.Trainer) -> int:
+    """``--log-every-n-steps`` as the Trainer holds it (set by Lightning's logger connector, unseen by a type
+    checker)."""
+    return int(trainer.log_every_n_steps)  # type: ignore[attr-defined]
+
+
 class RunsFirst(Callback):
     """A callback whose hooks run before every other callback's, for one that watches a whole step
     (a step's first hook must already see what it set). Moved from its place to the front at ``setup``:
     the callbacks after it keep their indices, so Lightning's loop over them skips none."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        trainer.callbacks.remove(self)
-        trainer.callbacks.insert(0, self)
+        callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connector
+        callbacks.remove(self)
+        callbacks.insert(0, self)
 
 
 class EpochStats(Callback):
@@ -126,12 +133,13 @@ class EpochStats(Callback):
     def _stop(self, trainer: L.Trainer) -> None:
         if self._start is None:
             return
-        end = self._now(trainer)
-        if isinstance(end, torch.cuda.Event):
+        start, end = self._start, self._now(trainer)
+        if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
             end.synchronize()
-            elapsed = self._start.elapsed_time(end) / 1000
+            elapsed = start.elapsed_time(end) / 1000
         else:
-            elapsed = end - self._start
+            assert isinstance(start, float) and isinstance(end, float)  # one device: both events, or both clocks
+            elapsed = end - start
         self._start = None
         self.epoch_times.append(elapsed)
         self.last = {
@@ -196,7 +204,7 @@ class LoggedLossBar(TQDMProgressBar):
         self.logged_loss: float | None = None
 
     def remember_logged_loss(self, trainer: L.Trainer) -> None:
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        if trainer.global_step % log_every(trainer) == 0:
             value = trainer.callback_metrics.get("train/loss")
             if value is not None:
                 self.logged_loss = float(value)
@@ -262,7 +270,7 @@ class FiniteLossGuard(Callback):
         bad_step = torch.where(torch.isfinite(losses), NEVER, steps).min()
         self._first_bad = bad_step if self._first_bad is None else torch.minimum(self._first_bad, bad_step)
         step = trainer.global_step
-        if step % trainer.log_every_n_steps == 0:
+        if step % log_every(trainer) == 0:
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -312,4 +320,4 @@ class ScheduleResumeCheck(Callback):
         for config in trainer.lr_scheduler_configs:
             total = getattr(config.scheduler, "total_steps", None)
             if total is not None:
-                check_schedule_length(total, pl_module.optimizer_steps())
+                check_schedule_length(total, pl_module.optimizer_steps())  # type: ignore[operator]
