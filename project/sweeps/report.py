@@ -30,7 +30,7 @@ def report(study: optuna.Study, recipe: Recipe, fixed: dict[str, Any], folder: P
                      "pruned ones are shorter)")
     if not done:
         return "\n".join(lines + ["no trial completed yet"])
-    best = sorted(done, key=lambda t: t.value, reverse=True)[:top]
+    best = sorted(done, key=lambda t: float(t.value or 0.0), reverse=True)[:top]  # completed: each has its value
     keys = sorted({k for t in best for k in t.params})
     lines += ["", "| trial | val/acc | " + " | ".join(keys) + " |", "|---:|---:|" + "---|" * len(keys)]
     lines += [f"| {t.number} | {t.value:.4f} | " + " | ".join(_fmt(t.params.get(k)) for k in keys) + " |"
@@ -73,7 +73,8 @@ def _plots(study: optuna.Study, folder: Path) -> list[str]:
         except (ValueError, RuntimeError) as err:  # e.g. importance needs two completed trials
             written.append(f"{name} plot skipped: {first_line(err)}")
             continue
-        figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
+        drawn: Any = axes  # one Axes, or an array of them (matplotlib's own types say neither)
+        figure = drawn.figure if hasattr(drawn, "figure") else drawn[0].figure
         figure.set_size_inches(8, 4.5)
         figure.tight_layout()
         figure.savefig(folder / f"{name}.png", dpi=110)

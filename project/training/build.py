@@ -6,7 +6,7 @@ import csv
 import importlib.util
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def build_loggers(config: RunConfig) -> list[Logger]:
         if name in names and importlib.util.find_spec(name) is None:
             raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
     loggers: list[Logger] = []
-    version = config.run_version
+    version: int | str | None = config.run_version
     for name in names:
         if name == "tensorboard":
             logger: Logger = OneFileTensorBoardLogger(config.logdir, name=config.name, version=version,
@@ -125,7 +125,7 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
             self.save()
 
     @rank_zero_only
-    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         # Lightning adds the epoch to every logged row: a curve that says nothing a step axis does not.
         super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
 

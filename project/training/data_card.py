@@ -9,7 +9,7 @@ declaration. The recipe checks (``recipe_checks.py``) use the same measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch.utils.data import Dataset
@@ -136,9 +136,19 @@ class DataCard:
                 "measures memory, not generalisation; remove them from one of the splits")
 
 
-def unaugmented(split: Dataset) -> Dataset:
-    """The training split as read, before the recipe's augmentation."""
-    return split.dataset if isinstance(split, Augmented) else split
+class Samples(Protocol):
+    """A split set up by the datamodule: its length and its samples by index (every split the engine makes)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+def unaugmented(split: Dataset | None) -> Samples:
+    """The training split as read, before the recipe's augmentation (a split must be set up first)."""
+    if split is None:
+        raise RuntimeError("the datamodule's splits are read before its setup")  # the engine's order, not a user's
+    return cast(Samples, split.dataset if isinstance(split, Augmented) else split)
 
 
 @dataclass(frozen=True)
@@ -151,16 +161,16 @@ class Split:
     sampled: bool  # only some samples were read
 
 
-def gather(datamodule: TensorDataModule, split: Dataset, limit: int | None = SAMPLED) -> Split:
+def gather(datamodule: TensorDataModule, split: Dataset | None, limit: int | None = SAMPLED) -> Split:
     """A split whole when it is in memory, else up to ``limit`` samples spread evenly over it (reading files is the
     slow part of a per-sample recipe)."""
-    split = unaugmented(split)
-    if isinstance(split, TensorPairs):
-        return Split(split.inputs.cpu(), split.targets.cpu(), True, False)
-    size = len(split)
+    samples = unaugmented(split)
+    if isinstance(samples, TensorPairs):
+        return Split(samples.inputs.cpu(), samples.targets.cpu(), True, False)
+    size = len(samples)
     picked = range(size) if limit is None or size <= limit else \
         sorted({int(i * size / limit) for i in range(limit)})
-    items = [split[i] for i in picked]
+    items = [samples[i] for i in picked]
     inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
     return Split(inputs, torch.as_tensor([int(y) for _, y in items]), False, len(picked) < size)
 
@@ -212,7 +222,8 @@ def data_card(datamodule: TensorDataModule) -> DataCard:
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
     return DataCard(
         recipe=type(datamodule).__name__,
-        sizes={"train": len(datamodule.train_set), "val": len(datamodule.val_set), "test": len(datamodule.test_set)},
+        sizes={name: len(unaugmented(split)) for name, split in
+               (("train", datamodule.train_set), ("val", datamodule.val_set), ("test", datamodule.test_set))},
         input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes,
         class_counts=counts.tolist(), mean=mean, std=std, pixel_range=pixel_range, declared_mean=tuple(datamodule.mean),
         declared_std=tuple(datamodule.std), duplicates=shared_inputs(train.inputs, test.inputs),
