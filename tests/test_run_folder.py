@@ -1,0 +1,238 @@
+"""Choosing among runs, in process, on run folders written by hand: what ``runs.py`` lists, which run ``--resume
+last`` / ``--ckpt best`` take, what they pass over and how they refuse; a resumed run's logs cut back."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from project.errors import UsageError
+from project.reliability import run_folder
+from project.reliability.run_folder import RunFolder, RunInfo
+
+
+def run(parent: Path, name: str, record: dict | None = None, results: dict | None = None, last: bool = False,
+        best: str | None = None, config: str | None = None) -> Path:
+    """A run folder as a run leaves it: ``run.json``, ``results.json``, ``config.yaml``, its checkpoints."""
+    folder = parent / name
+    folder.mkdir(parents=True)
+    if record is not None:
+        (folder / "run.json").write_text(json.dumps(record))
+    if results is not None:
+        (folder / "results.json").write_text(json.dumps(results))
+    if config is not None:
+        (folder / "config.yaml").write_text(config)
+    if last or best:
+        (folder / "checkpoints").mkdir()
+    if last:
+        (folder / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    if best:
+        (folder / "checkpoints" / best).write_bytes(b"weights")
+    return folder
+
+
+def finished(started: float, **fields) -> dict:
+    return {"state": "finished", "started": started, "limited": [], **fields}
+
+
+def test_the_runs_listed_are_the_folders_a_run_wrote_newest_started_first(tmp_path):
+    parent = tmp_path / "tiny"
+    run(parent, "version_1", finished(100.0))
+    run(parent, "version_0", finished(200.0))  # the later start, whatever the folders' names say
+    run(parent, "only_config", config="max_epochs: 1\n")
+    run(parent, "only_results", results={"test/acc": 0.5})
+    (parent / "only_checkpoints" / "checkpoints").mkdir(parents=True)
+    (parent / "notes").mkdir()  # a folder of the user's: not a run
+    (parent / "notes" / "todo.txt").write_text("x")
+    (parent / "stray.txt").write_text("not a folder")
+    listed = RunFolder.listed(tmp_path, "tiny")
+    assert {info.folder.name for info in listed} == {"version_0", "version_1", "only_config", "only_results",
+                                                      "only_checkpoints"}
+    names = [info.folder.name for info in listed]
+    assert names.index("version_0") < names.index("version_1")
+    assert RunFolder.listed(tmp_path, "none") == [] and RunFolder.listed(tmp_path / "missing", "tiny") == []
+
+
+def test_a_runs_state_as_listed(tmp_path):
+    parent = tmp_path / "tiny"
+    info = {name: run_folder.run_info(folder) for name, folder in {
+        "finished": run(parent, "a", finished(1.0, step=40), results={"test/acc": 0.75}),
+        "failed": run(parent, "b", {"state": "failed", "started": 2.0, "error": "CUDA out of memory"}),
+        "failed-silently": run(parent, "c", {"state": "failed", "started": 2.0}),
+        "stopped": run(parent, "d", {"state": "stopped", "started": 3.0, "step": 25}),
+        "stopped-early": run(parent, "e", {"state": "stopped", "started": 3.0}),
+        "killed": run(parent, "f", {"state": "running", "started": 4.0, "step": 10, "pid": 99999999}),
+        "no-record-weights": run(parent, "g", results={"test/acc": 0.5, "weights": "model.pth"}),
+        "no-record": run(parent, "h", results={"test/acc": 0.5}),
+        "smoke": run(parent, "i", finished(5.0, limited=["limit_train_batches", "max_steps"])),
+        "smoke-by-config": run(parent, "j", results={}, config="trainer:\n  limit_val_batches: 2\n"),
+        "damaged": run(parent, "k", {"state": "finished", "started": "yesterday"}),
+    }.items()}
+    described = {name: item.describe() for name, item in info.items()}
+    assert described == {
+        "finished": "finished", "failed": "failed: CUDA out of memory", "failed-silently": "failed",
+        "stopped": "stopped at step 25", "stopped-early": "stopped before its first checkpoint",
+        "killed": "killed at step 10", "no-record-weights": "finished", "no-record": "unfinished",
+        "smoke": "finished (smoke: --trainer.limit_train_batches, --trainer.max_steps)",
+        "smoke-by-config": "unfinished (smoke: --trainer.limit_val_batches)",
+        "damaged": "damaged (run.json: started is not a time)",
+    }
+    assert info["finished"].test_acc == 0.75 and info["finished"].step == 40 and info["failed"].test_acc is None
+    assert info["smoke"].smoke and not info["finished"].smoke and info["smoke-by-config"].smoke
+    assert info["finished"].started == 1.0 and info["damaged"].best is None and info["damaged"].step is None
+    written = os.stat(parent / "h" / "results.json").st_mtime
+    assert info["no-record"].started == written and info["damaged"].started > 1e9  # a file's time, not a record's
+
+
+def test_a_running_run_whose_process_holds_its_folder_is_running(tmp_path):
+    folder = run(tmp_path / "tiny", "v", {"state": "running", "started": 1.0, "step": 3})
+    run_folder.own(folder, "--resume")
+    try:
+        assert run_folder.is_locked(folder) and run_folder.run_info(folder).state == "running"
+    finally:
+        run_folder.release_all()
+    assert not run_folder.is_locked(folder) and run_folder.run_info(folder).describe() == "killed at step 3"
+    assert not run_folder.is_locked(tmp_path / "nowhere")
+
+
+def test_last_and_best_are_the_newest_real_run_that_has_one(tmp_path, capsys):
+    parent = tmp_path / "tiny"
+    run(parent, "old", finished(1.0, best_checkpoint="best-acc0.90.ckpt"), last=True, best="best-acc0.90.ckpt")
+    run(parent, "no_best", finished(2.0), last=True)
+    run(parent, "no_last", finished(3.0, best_checkpoint="best-acc0.95.ckpt"), best="best-acc0.95.ckpt")
+    run(parent, "smoke", finished(4.0, limited=["max_steps"]), last=True, best="best-acc0.99.ckpt")
+    assert run_folder.checkpoint_of("last", tmp_path, "tiny", "--resume") == (
+        parent / "no_best" / "checkpoints" / "last.ckpt", run_folder.run_info(parent / "no_best"))
+    path, chosen = run_folder.checkpoint_of("best", tmp_path, "tiny", "--ckpt")
+    assert path == parent / "no_last" / "checkpoints" / "best-acc0.95.ckpt" and chosen.folder.name == "no_last"
+    assert run_folder.checkpoint_of("some/where.ckpt", tmp_path, "tiny", "--ckpt") == (Path("some/where.ckpt"), None)
+    assert capsys.readouterr().err == ""
+
+
+def test_damaged_runs_newer_than_the_choice_are_passed_over_aloud(tmp_path, capsys):
+    parent = tmp_path / "tiny"
+    run(parent, "older_damage", {"state": "finished", "started": "x"}, last=True)
+    os.utime(parent / "older_damage" / "run.json", (0.5, 0.5))
+    run(parent, "good", finished(1.0), last=True)
+    run(parent, "newer_damage", {"state": "nonsense", "started": 2.0}, last=True)
+    chosen = run_folder.newest_run(tmp_path, "tiny", "last", "--resume")
+    assert chosen.folder.name == "good"
+    err = capsys.readouterr().err
+    assert err == (f"--resume last: passing over {parent / 'newer_damage'}: damaged (run.json: state is not one of "
+                   "running, finished, stopped, failed)\n")
+
+
+def test_no_run_to_choose_is_one_line_naming_why(tmp_path, capsys):
+    parent = tmp_path / "tiny"
+    with pytest.raises(UsageError) as nothing:
+        run_folder.newest_run(tmp_path, "tiny", "last", "--resume")
+    assert str(nothing.value) == (f"--resume last: no run with a last checkpoint under {parent}; train first or pass "
+                                  "a path")
+    run(parent, "damaged", {"started": "x"}, last=True)
+    run(parent, "smoke_old", finished(1.0, limited=["limit_train_batches"]), last=True)
+    run(parent, "smoke_new", finished(2.0, limited=["max_steps"]), last=True)
+    run(parent, "finished_without", finished(3.0))
+    with pytest.raises(UsageError) as smoke:
+        run_folder.newest_run(tmp_path, "tiny", "last", "--resume")
+    assert str(smoke.value) == (f"--resume last: the runs under {parent} are smoke tests (smoke_new: finished "
+                                "(smoke: --trainer.max_steps)); pass its checkpoint's path to use one anyway")
+    assert capsys.readouterr().err.startswith(f"--resume last: passing over {parent / 'damaged'}: damaged (")
+
+
+def test_a_run_without_a_recorded_best_is_scored_by_its_file_names(tmp_path):
+    folder = run(tmp_path, "v", {"state": "finished", "started": 1.0}, best="best-acc0.91.ckpt")
+    (folder / "checkpoints" / "best-acc0.97.ckpt").write_bytes(b"w")
+    (folder / "checkpoints" / "best-epoch3.ckpt").write_bytes(b"w")  # no score in its name
+    assert run_folder.best_checkpoint(folder) == folder / "checkpoints" / "best-acc0.97.ckpt"
+    assert RunFolder(folder).best_checkpoint == folder / "checkpoints" / "best-acc0.97.ckpt"
+    assert run_folder.best_checkpoint(tmp_path / "nothing") is None
+
+
+def test_roll_back_cuts_each_log_to_the_steps_before_the_checkpoint(tmp_path):
+    folder = tmp_path / "v"
+    folder.mkdir()
+    with open(folder / "metrics.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["epoch", "step", "train/loss"])
+        writer.writerows([[0, 9, 1.0], [0, "", 0.7], [0, 19, 0.5], [1, 20, 0.4], [1, 29, 0.3], [1]])
+    run_folder.roll_back_logs(folder, 20)
+    rows = list(csv.reader((folder / "metrics.csv").open()))
+    # A row without a step is the run's own (kept); one cut short by a kill goes with the rows after the checkpoint.
+    assert rows == [["epoch", "step", "train/loss"], ["0", "9", "1.0"], ["0", "", "0.7"], ["0", "19", "0.5"]]
+    run_folder.roll_back_logs(folder, 20)
+    assert list(csv.reader((folder / "metrics.csv").open())) == rows
+
+
+def test_remove_if_refused_leaves_a_folder_with_checkpoints(tmp_path):
+    refused, trained = tmp_path / "refused", tmp_path / "trained"
+    refused.mkdir()
+    (refused / "config.yaml").write_text("x")
+    (trained / "checkpoints").mkdir(parents=True)
+    RunFolder(refused).remove_if_refused()
+    RunFolder(trained).remove_if_refused()
+    RunFolder(tmp_path / "never").remove_if_refused()
+    assert not refused.exists() and trained.is_dir()
+
+
+def test_describe_is_the_runs_line(tmp_path):
+    info = RunInfo(folder=tmp_path, started=0.0, state="stopped", step=None, limited=("max_steps",), test_acc=None,
+                   best=None, error="ignored")
+    assert info.describe() == "stopped before its first checkpoint (smoke: --trainer.max_steps)"
+
+
+def event_steps(path: Path) -> list[tuple[str, int]]:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return [("version" if event.HasField("file_version") else event.summary.value[0].tag, event.step)
+            for event in EventFileLoader(str(path)).Load()]
+
+
+def test_roll_back_cuts_tensorboards_events_to_the_steps_before_the_checkpoint(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "v"
+    writer = SummaryWriter(str(folder))
+    for step in (0, 9, 19, 20, 29):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.close()
+    (event_file,) = folder.glob("events.out.tfevents.*")
+    (folder / "events.out.tfevents.bak").write_bytes(event_file.read_bytes())  # a user's copy: left alone
+    (folder / "events.out.tfevents.1.host.0.damaged").write_bytes(b"\x00" * 7)  # unreadable: left as it is
+    run_folder.roll_back_logs(folder, 20)
+    assert event_steps(event_file) == [("version", 0), ("train/loss", 0), ("train/loss", 9), ("train/loss", 19)]
+    assert len(event_steps(folder / "events.out.tfevents.bak")) == 6
+    assert (folder / "events.out.tfevents.1.host.0.damaged").read_bytes() == b"\x00" * 7
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # the cut replaced the file whole
+    before = event_file.read_bytes()
+    run_folder.roll_back_logs(folder, 20)
+    assert event_file.read_bytes() == before  # nothing above the step: the file untouched
+
+
+def test_starting_over_clears_the_attempts_checkpoints_and_logs_but_never_a_finished_runs(tmp_path):
+    from project.errors import NothingToDo
+
+    folder = run(tmp_path, "job_7", {"state": "failed", "started": 1.0}, best="best-acc0.50.ckpt")
+    (folder / "checkpoints" / ".last.ckpt.123.tmp").write_bytes(b"half")
+    (folder / ".run.json.123.tmp").write_bytes(b"half")
+    (folder / "checkpoints" / "notes.txt").write_text("mine")
+    (folder / "metrics.csv").write_text("epoch,step,train/loss\n0,9,1.0\n")
+    run_folder.start_over_in(folder)
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", "metrics.csv", "run.json"]
+    assert (folder / "metrics.csv").read_text().splitlines() == ["epoch,step,train/loss"]
+    weights = tmp_path / "job_8" / "model.pth"
+    done = run(tmp_path, "job_8", finished(1.0), results={"test/acc": 0.975, "weights": str(weights)},
+               best="best-acc0.97.ckpt")
+    (done / "model.pth").write_bytes(b"weights")
+    with pytest.raises(NothingToDo) as finished_run:
+        run_folder.start_over_in(done)
+    assert str(finished_run.value) == (f"{done} is finished (test/acc 0.9750, weights {weights}); nothing to "
+                                       "resume, nothing written")
+    assert (done / "checkpoints" / "best-acc0.97.ckpt").is_file()
+    (done / "model.pth").unlink()  # results naming weights that are gone: not finished, so it starts over
+    run_folder.start_over_in(done)
+    assert not (done / "checkpoints" / "best-acc0.97.ckpt").exists()
