@@ -236,3 +236,43 @@ def test_starting_over_clears_the_attempts_checkpoints_and_logs_but_never_a_fini
     (done / "model.pth").unlink()  # results naming weights that are gone: not finished, so it starts over
     run_folder.start_over_in(done)
     assert not (done / "checkpoints" / "best-acc0.97.ckpt").exists()
+
+
+def test_best_is_the_checkpoint_the_run_recorded_else_the_best_score_in_a_name(tmp_path):
+    recorded = run(tmp_path, "recorded", finished(1.0, best_checkpoint="best-acc0.80.ckpt"), best="best-acc0.80.ckpt")
+    (recorded / "checkpoints" / "best-acc0.90.ckpt").write_bytes(b"w")  # a higher name, not the run's choice
+    assert run_folder.best_checkpoint(recorded) == recorded / "checkpoints" / "best-acc0.80.ckpt"
+    by_results = run(tmp_path, "by_results", {"state": "finished", "started": 1.0},
+                     results={"best_checkpoint": "/elsewhere/checkpoints/best-acc0.70.ckpt"}, best="best-acc0.70.ckpt")
+    (by_results / "checkpoints" / "best-acc0.75.ckpt").write_bytes(b"w")
+    assert run_folder.best_checkpoint(by_results) == by_results / "checkpoints" / "best-acc0.70.ckpt"  # moved run
+    named = run(tmp_path, "named", {"state": "finished", "started": 1.0}, best="best-acc0.10.ckpt")
+    for name, when in (("best-acc0.95.ckpt", 100), ("best-acc0.20.ckpt", 300), ("best-acc0.95-v1.ckpt", 200)):
+        (named / "checkpoints" / name).write_bytes(b"w")
+        os.utime(named / "checkpoints" / name, (when, when))
+    # The best score; of two with it, the later written.
+    assert run_folder.best_checkpoint(named) == named / "checkpoints" / "best-acc0.95-v1.ckpt"
+
+
+def test_results_json_holds_plain_numbers_indented(tmp_path):
+    import torch
+
+    path = RunFolder(tmp_path).write_results({"test/acc": torch.tensor(0.5), "lr": 0.1, "weights": "m.pth",
+                                              "storage": "postgresql://me:hunter2@db/x"})
+    values = {"test/acc": 0.5, "lr": 0.1, "weights": "m.pth", "storage": "postgresql://me:***@db/x"}
+    assert path == tmp_path / "results.json" and path.read_text() == json.dumps(values, indent=2)
+
+
+def test_a_new_run_takes_the_version_after_the_highest(tmp_path):
+    for name in ("version_0", "version_2", "version_x", "versions_9", "job_12"):
+        (tmp_path / name).mkdir()
+    assert run_folder._next_free_version(tmp_path) == "version_3" and (tmp_path / "version_3").is_dir()
+    assert run_folder._next_free_version(tmp_path) == "version_4"
+    (tmp_path / "new").mkdir()
+    assert run_folder._next_free_version(tmp_path / "new") == "version_0"
+
+
+def test_a_smoke_run_is_known_by_its_config_whatever_bytes_it_holds(tmp_path):
+    folder = run(tmp_path, "v", results={}, config="note: caf\xe9\ntrainer:\n  max_steps: 3\n")
+    (folder / "config.yaml").write_bytes(b"note: \xff\xfe\ntrainer:\n  max_steps: 3\n")
+    assert run_folder.run_info(folder).limited == ("max_steps",)
