@@ -276,3 +276,91 @@ def test_a_smoke_run_is_known_by_its_config_whatever_bytes_it_holds(tmp_path):
     folder = run(tmp_path, "v", results={}, config="note: caf\xe9\ntrainer:\n  max_steps: 3\n")
     (folder / "config.yaml").write_bytes(b"note: \xff\xfe\ntrainer:\n  max_steps: 3\n")
     assert run_folder.run_info(folder).limited == ("max_steps",)
+
+
+@pytest.fixture
+def released():
+    yield
+    run_folder.release_all()
+    os.environ.pop(run_folder.RUN_VERSION_ENV, None)
+
+
+def test_claiming_makes_the_next_folder_holds_it_and_records_the_start(tmp_path, released, monkeypatch):
+    from project.config.schema import RunConfig
+
+    config = RunConfig(logdir=str(tmp_path), name="tiny", data_dir="/data", trainer={"max_steps": 5})
+    first = run_folder.claim_run_folder(config, recipe="tests.tiny_recipe")
+    assert first.run_version == "version_0" and os.environ[run_folder.RUN_VERSION_ENV] == "version_0"
+    record = run_folder.read_run_record(tmp_path / "tiny" / "version_0")
+    assert (record["state"], record["pid"], record["limited"], record["recipe"], record["data_dir"]) == (
+        "running", os.getpid(), ["max_steps"], "tests.tiny_recipe", "/data")
+    assert run_folder.is_locked(tmp_path / "tiny" / "version_0")  # held: runs.py lists it running
+    assert run_folder.claim_run_folder(config).run_version == "version_1"
+    with pytest.raises(UsageError) as taken:
+        run_folder.claim_run_folder(config.replace(run_version="version_0"))
+    assert str(taken.value) == (f"--run-version version_0: {tmp_path / 'tiny' / 'version_0'} exists; runs never "
+                                "share a folder, choose another")
+    assert run_folder.claim_run_folder(config.replace(fast_dev_run=True)).run_version is None
+    assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == ["version_0", "version_1"]
+
+
+def test_a_later_rank_takes_rank_zeros_folder(tmp_path, released, monkeypatch):
+    from project import internals
+    from project.config.schema import RunConfig
+
+    monkeypatch.setattr(internals, "is_rank_zero", lambda: False)
+    config = RunConfig(logdir=str(tmp_path), name="tiny")
+    assert run_folder.claim_run_folder(config).run_version is None  # not told: its own (none), nothing made
+    monkeypatch.setenv(run_folder.RUN_VERSION_ENV, "version_3")
+    assert run_folder.claim_run_folder(config).run_version == "version_3"
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_resume_auto_in_a_folder_without_last_starts_over_there(tmp_path, released):
+    from project.config.schema import RunConfig
+
+    folder = run(tmp_path / "tiny", "job_5", {"state": "failed", "started": 1.0}, best="best-acc0.40.ckpt")
+    config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="job_5", resume="auto")
+    assert run_folder.claim_run_folder(config).run_version == "job_5"
+    assert list((folder / "checkpoints").iterdir()) == [] and run_folder.read_run_record(folder)["started"] > 1.0
+
+
+def test_the_text_and_hparams_tabs_hold_the_command_and_settings_masked(tmp_path, monkeypatch):
+    import lightning as L
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from project.config.schema import RunConfig
+    from project.training.build import build_loggers
+
+    config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="v", logger="tensorboard,csv")
+    trainer = L.Trainer(logger=build_loggers(config), accelerator="cpu", enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    assert run_folder.run_dir(trainer) == tmp_path / "tiny" / "v" and run_folder.tensorboard_of(trainer) is not None
+    monkeypatch.setattr("sys.argv", ["train.py", "--storage", "postgresql://me:hunter2@db/x", "--lr", "0.1"])
+    RunFolder.log_settings(trainer, config)
+    RunFolder.log_hparams_with_results(trainer, {"lr": 0.1, "storage": "postgresql://me:hunter2@db/x"},
+                                       ("test/acc",))
+    for logger in trainer.loggers:
+        logger.finalize("success")
+    events = EventAccumulator(str(tmp_path / "tiny" / "v"), size_guidance={"tensors": 0})
+    events.Reload()
+    text = {tag: events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()
+            for tag in ("run/command", "run/config")}
+    assert text["run/command"].endswith("train.py --storage 'postgresql://me:***@db/x' --lr 0.1`")
+    assert text["run/command"].startswith("`python")
+    assert text["run/config"].startswith("| setting | value |\n|---|---|\n| ")
+    assert "| world_size | `1` |" in text["run/config"].splitlines() and "| name | `tiny` |" in text["run/config"]
+    saved = yaml.safe_load((tmp_path / "tiny" / "v" / "hparams.yaml").read_text())
+    assert saved == {"lr": 0.1, "storage": "postgresql://me:***@db/x"}
+    assert "hunter2" not in "".join(p.read_text(errors="replace") for p in (tmp_path / "tiny" / "v").rglob("*")
+                                    if p.is_file())
+
+
+def test_a_trainer_without_the_template_loggers_writes_into_its_root(tmp_path):
+    import lightning as L
+
+    trainer = L.Trainer(logger=False, default_root_dir=str(tmp_path), accelerator="cpu", enable_progress_bar=False,
+                        enable_model_summary=False)
+    assert run_folder.run_dir(trainer) == tmp_path and run_folder.tensorboard_of(trainer) is None
+    RunFolder.log_settings(trainer, None)  # no TensorBoard: nothing to write, nothing read
