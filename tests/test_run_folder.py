@@ -364,3 +364,58 @@ def test_a_trainer_without_the_template_loggers_writes_into_its_root(tmp_path):
                         enable_model_summary=False)
     assert run_folder.run_dir(trainer) == tmp_path and run_folder.tensorboard_of(trainer) is None
     RunFolder.log_settings(trainer, None)  # no TensorBoard: nothing to write, nothing read
+
+
+def test_config_yaml_names_its_recipe_first_then_each_setting_in_order_masked(tmp_path):
+    import yaml
+
+    from project.config.schema import RunConfig
+
+    config = RunConfig(logdir="postgresql://me:hunter2@db/x", name="tiny")
+    folder = RunFolder(tmp_path / "new" / "v")
+    path = folder.save_config(config, "tests.tiny_recipe")
+    text = path.read_text()
+    assert path == tmp_path / "new" / "v" / "config.yaml" and text.startswith("recipe: tests.tiny_recipe\n")
+    assert list(yaml.safe_load(text))[1:] == list(config.to_mapping()) and "hunter2" not in text
+    assert folder.saved_config == {"recipe": "tests.tiny_recipe", **config.to_mapping(),
+                                   "logdir": "postgresql://me:***@db/x"}
+    assert "recipe" not in yaml.safe_load(RunFolder(tmp_path / "other").save_config(config).read_text())
+    assert RunFolder(tmp_path / "none").saved_config == {}
+
+
+def test_how_a_run_ended_replaces_what_it_said_before(tmp_path):
+    from project.errors import NothingToDo
+
+    folder = run(tmp_path, "v", {"state": "failed", "started": 1.0, "error": "CUDA out of memory", "step": 4})
+    record = RunFolder(folder)
+    run_folder.start_record(folder, {}, resumed=True)  # the failed run, resumed: running, its old error gone
+    assert (record.record["state"], record.record["error"], record.record["started"]) == ("running", None, 1.0)
+    record.record_end(NothingToDo("finished already"))
+    assert record.record["state"] == "running"  # nothing was done: nothing to record
+    for error, state in ((KeyboardInterrupt(), "stopped"), (None, "finished")):
+        run_folder.write_record(folder, error="before")
+        record.record_end(error)
+        assert (record.record["state"], record.record["error"], record.record["step"]) == (state, None, 4)
+    RunFolder(tmp_path / "no_record").record_end(None)
+    assert not (tmp_path / "no_record").exists()
+
+
+def test_the_tensorboard_logger_alone_keeps_the_settings_in_hparams_yaml(tmp_path):
+    import lightning as L
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from project.config.schema import RunConfig
+    from project.training.build import build_loggers
+
+    config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="v", logger="tensorboard")
+    trainer = L.Trainer(logger=build_loggers(config), accelerator="cpu", enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    RunFolder.log_settings(trainer, config)
+    RunFolder.log_hparams_with_results(trainer, {"lr": 0.1}, ("test/acc",))
+    trainer.loggers[0].finalize("success")
+    assert yaml.safe_load((tmp_path / "tiny" / "v" / "hparams.yaml").read_text()) == {"lr": 0.1}
+    events = EventAccumulator(str(tmp_path / "tiny" / "v"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert [event.step for event in events.Tensors("run/command/text_summary")] == [0]
+    assert [event.step for event in events.Tensors("run/config/text_summary")] == [0]
