@@ -244,7 +244,7 @@ MUTANTS = (
            "project/reliability/stops.py", '        print(f"train.py: {line}", file=sys.stderr, flush=True)\n', "",
            ("tests/test_slurm.py::test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_never_stopped",)),
     Mutant("sweep-best-is-the-worst", "a sweep's best.yaml holds its best trial",
-           "project/sweeps/report.py", "key=lambda t: t.value, reverse=True)", "key=lambda t: t.value, reverse=False)",
+           "project/sweeps/report.py", "float(t.value or 0.0), reverse=True)", "float(t.value or 0.0), reverse=False)",
            ("tests/test_documented_promises.py::test_a_sweeps_best_yaml_holds_its_best_trial",)),
     Mutant("card-trusts-the-declared-normalisation",
            "a recipe normalising with other numbers than it declares is refused",
@@ -409,7 +409,8 @@ MUTANTS = (
            ("tests/test_new_recipe.py::test_the_declared_statistics_are_the_training_images_as_the_recipe_reads_them",)),
     Mutant('histograms-without-gradients', 'histograms show each weight and its last gradient',
            'project/results/figures.py',
-           '{name: p.grad for name, p in pl_module.model.named_parameters() if p.grad is not None}', '{}',
+           "{name: p.grad for name, p in classifier(pl_module).model.named_parameters()\n"
+           "                              if p.grad is not None}", "{}",
            ("tests/test_after_training.py::test_histograms_every_n_epochs_and_the_graph_on_request_change_no_training",)),
     Mutant('sweep-estimate-one-trial-too-many', "a trial's line estimates the rest of its worker's trials",
            'project/sweeps/study.py', 'statistics.fmean(seconds_each) * trials_left',
