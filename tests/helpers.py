@@ -51,12 +51,12 @@ def swapped_template(dest: Path, recipe: Path = ROOT / "tests" / "second_recipe"
 
 
 def run_script(script: str, *args: str, timeout: float = 300, env: dict | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` in a fresh interpreter, as a user would."""
+               cwd: Path | None = None, root: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run ``root``'s ``scripts/<script>`` in a fresh interpreter, as a user would."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT,
+        [sys.executable, str(root / "scripts" / script), *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or root,
     )
 
 
@@ -77,8 +77,8 @@ def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 
         _WARM = multiprocessing.get_context("forkserver")
         _WARM.set_forkserver_preload(["torch", "lightning", "helpers"])
         clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        _FRESH_PATH = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path[1:]))"], env=clean,
-                                     capture_output=True, text=True, check=True, cwd="/").stdout
+        _FRESH_PATH = subprocess.run([sys.executable, "-c", "import sys; print(*sys.path[1:], sep='\\n')"],
+                                     env=clean, capture_output=True, text=True, check=True, cwd="/").stdout.splitlines()
     path = root / "scripts" / script
     with tempfile.TemporaryDirectory() as scratch:
         out, err = Path(scratch) / "out", Path(scratch) / "err"
@@ -95,13 +95,12 @@ def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 
 
 
 _WARM: Any = None
-_FRESH_PATH = ""
+_FRESH_PATH: list[str] = []
 
 
 def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
-                 fresh_path: str) -> None:
+                 fresh_path: list[str]) -> None:
     """The child of ``run_script_warm``: the script as ``python path args`` would run it."""
-    import ast
     import atexit
     import multiprocessing
     import runpy
@@ -111,7 +110,7 @@ def _script_main(path: str, args: list[str], cwd: str, env: dict[str, str], out:
     os.environ.clear()
     os.environ.update(env)
     extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    sys.path[:] = [str(Path(path).parent), *extra, *ast.literal_eval(fresh_path)]
+    sys.path[:] = [str(Path(path).parent), *extra, *fresh_path]
     for fd, file in ((1, out), (2, err)):
         os.dup2(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, flushed at exit
@@ -148,21 +147,25 @@ def one_process(args: tuple[str, ...] | list[str]) -> bool:
     return True
 
 
+def run_script_fitting(script: str, *args: str, timeout: float = 300, env: dict | None = None,
+                       cwd: Path | None = None, root: Path = ROOT) -> subprocess.CompletedProcess:
+    """``run_script_warm`` where the command starts no ranks (``one_process``), else ``run_script``."""
+    if one_process(args):
+        return run_script_warm(script, *args, cwd=cwd or root, timeout=timeout, env=env, root=root)
+    return run_script(script, *args, timeout=timeout, env=env, cwd=cwd, root=root)
+
+
 def run_in(template: Path, script: str, *args: str, timeout: float = 300,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder, on the
-    recipe installed there (warm where it starts no ranks)."""
-    env = {"PROJECT_RECIPE": "project.recipe", **(env or {})}
-    if one_process(args):
-        return run_script_warm(script, *args, cwd=template, timeout=timeout, env=env, root=template)
-    return subprocess.run([sys.executable, str(template / "scripts" / script), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env}, cwd=template)
+    recipe installed there."""
+    return run_script_fitting(script, *args, timeout=timeout, env={"PROJECT_RECIPE": "project.recipe", **(env or {})},
+                              root=template)
 
 
 def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    args = ("--data-dir", str(data_dir), "--logdir", str(logdir), *TINY, *extra)
-    return run_script_warm("train.py", *args, timeout=timeout) if one_process(args) else \
-        run_script("train.py", *args, timeout=timeout)
+    return run_script_fitting("train.py", "--data-dir", str(data_dir), "--logdir", str(logdir), *TINY, *extra,
+                              timeout=timeout)
 
 
 class FakeClock:

@@ -16,15 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, assert_same_training_state, newest_last_checkpoint, one_process, run_script, run_script_warm
+from helpers import ROOT, assert_same_training_state, newest_last_checkpoint, run_script_fitting
 
 DISK = {"PROJECT_RECIPE": "tests.disk_recipe"}
 RUN = ("--max-epochs", "3", "--log-every-n-steps", "2", "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
 
 
 def script(name: str, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    run = run_script_warm if one_process(args) else run_script
-    done = run(name, *args, env=DISK, timeout=400)
+    done = run_script_fitting(name, *args, env=DISK, timeout=400)
     assert done.returncode == expect, done.stdout + done.stderr
     return done
 

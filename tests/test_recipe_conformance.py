@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, assert_same_training_state, one_process, run_script, run_script_warm
+from helpers import ROOT, assert_same_training_state, run_script_fitting
 
 INSTALLED = {"PROJECT_RECIPE": os.environ["RECIPE_UNDER_TEST"],  # set by conftest.py
              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -64,8 +64,7 @@ def on_installed(code: str, *args: str) -> None:
 
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
-    run = run_script_warm if one_process(args) else run_script
-    done = run(name, *args, env=INSTALLED, timeout=400)
+    done = run_script_fitting(name, *args, env=INSTALLED, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 

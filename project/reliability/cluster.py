@@ -32,6 +32,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project import internals
 from project.errors import Terminated, UserError
 
+# Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
+MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+STARTED_RANKS_WAIT_S = 60.0  # a started rank has only its teardown left once rank 0's run ends
+
 
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
@@ -43,10 +47,6 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() == 1:  # the parent died before that took effect
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-# Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
-MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 
 
 def cluster_plugins() -> list[ClusterEnvironment]:
@@ -78,9 +78,6 @@ def requeue(job: str) -> str | None:
     if done.returncode != 0:
         return (done.stderr.strip().splitlines() or ["no reason given"])[-1]
     return None
-
-
-STARTED_RANKS_WAIT_S = 60.0  # a started rank has only its teardown left once rank 0's run ends
 
 
 def end_process_group() -> None:
