@@ -424,6 +424,9 @@ MUTANTS = (
            'return Build.CPU_FROM_CPU_INDEX if cpu_index_reachable else Build.CUDA_FOR_WANT_OF_THE_CPU_INDEX',
            'return Build.CUDA_FOR_WANT_OF_THE_CPU_INDEX',
            ("tests/test_install.py::test_the_build_is_chosen_by_the_gpu_and_the_index",)),
+    Mutant('a-shared-datamodule-takes-each-runs-settings', "runs sharing a datamodule each train as planned and "
+           "leave it as it was", 'project/training/tensor_data.py', 'run = copy.copy(self)', 'run = self',
+           ("tests/test_datamodule.py::test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was",)),
 )
 
 

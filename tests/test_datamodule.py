@@ -127,3 +127,34 @@ def test_a_resume_at_an_epochs_end_goes_on_with_the_next_epochs_order(epoch):
     sampler.resume(epoch, 10)
     assert torch.cat(list(sampler)).tolist() == epoch_order(10, 5, epoch + 1, None).tolist()
     assert sampler.epoch_start_step == 99
+
+
+def test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was(tiny_data, tmp_path):
+    """A sweep's trials share one datamodule (data loaded once): each run trains with its own batch size and steps
+    per call, on the splits loaded already, and the datamodule given keeps its own settings."""
+    import lightning as L
+
+    from helpers import tiny_config, tiny_recipe, train
+    from project.training.build import build_datamodule
+
+    class SeenData(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.data = trainer.datamodule
+
+    shared = build_datamodule(tiny_config(tiny_data, tmp_path), tiny_recipe())
+    shared.setup("fit")
+    loaded = shared.train_set
+    splits = ("train_set", "val_set", "test_set")  # loaded once, on the datamodule given
+
+    def settings():
+        return {key: value for key, value in vars(shared).items() if key not in splits}
+
+    before = settings()
+    for batch_size, k, steps in ((16, 3, 13), (48, 1, 5)):  # 200 training samples: 13 and 5 batches an epoch
+        seen = SeenData()
+        result = train(tiny_config(tiny_data, tmp_path, batch_size=batch_size, steps_per_call=k, max_epochs=1,
+                                   accelerator="cpu"), datamodule=shared, callbacks=[seen], test=False)
+        assert (result.optimizer_steps, result.steps_per_call) == (steps, k)
+        assert seen.data is not shared and seen.data.train_set is loaded
+        assert (seen.data.batch_size, seen.data.steps_per_call, seen.data.grouped) == (batch_size, k, k > 1)
+    assert settings() == before and shared.train_set is loaded

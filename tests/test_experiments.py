@@ -42,7 +42,7 @@ def test_a_logger_whose_package_is_missing_gets_a_clear_message(logger):
     if importlib.util.find_spec(logger):
         pytest.skip(f"{logger} is installed here")
     with pytest.raises(UsageError) as err:
-        build_loggers(RunConfig(logger=logger))
+        build_loggers(RunConfig(logger=logger), None)
     assert str(err.value) == f"--logger {logger} needs the {logger} package: pip install -e '.[{logger}]'"
     with pytest.raises(UsageError, match="choose from tensorboard, csv, wandb, mlflow"):
-        build_loggers(RunConfig(logger="tensorboard,papyrus"))
+        build_loggers(RunConfig(logger="tensorboard,papyrus"), None)

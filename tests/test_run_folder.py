@@ -290,17 +290,17 @@ def test_claiming_makes_the_next_folder_holds_it_and_records_the_start(tmp_path,
 
     config = RunConfig(logdir=str(tmp_path), name="tiny", data_dir="/data", trainer={"max_steps": 5})
     first = run_folder.claim_run_folder(config, recipe="tests.tiny_recipe")
-    assert first.run_version == "version_0" and os.environ[run_folder.RUN_VERSION_ENV] == "version_0"
+    assert first == "version_0" and os.environ[run_folder.RUN_VERSION_ENV] == "version_0"
     record = run_folder.read_run_record(tmp_path / "tiny" / "version_0")
     assert (record["state"], record["pid"], record["limited"], record["recipe"], record["data_dir"]) == (
         "running", os.getpid(), ["max_steps"], "tests.tiny_recipe", "/data")
     assert run_folder.is_locked(tmp_path / "tiny" / "version_0")  # held: runs.py lists it running
-    assert run_folder.claim_run_folder(config).run_version == "version_1"
+    assert run_folder.claim_run_folder(config) == "version_1"
     with pytest.raises(UsageError) as taken:
         run_folder.claim_run_folder(config.replace(run_version="version_0"))
     assert str(taken.value) == (f"--run-version version_0: {tmp_path / 'tiny' / 'version_0'} exists; runs never "
                                 "share a folder, choose another")
-    assert run_folder.claim_run_folder(config.replace(fast_dev_run=True)).run_version is None
+    assert run_folder.claim_run_folder(config.replace(fast_dev_run=True)) is None
     assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == ["version_0", "version_1"]
 
 
@@ -310,9 +310,9 @@ def test_a_later_rank_takes_rank_zeros_folder(tmp_path, released, monkeypatch):
 
     monkeypatch.setattr(internals, "is_rank_zero", lambda: False)
     config = RunConfig(logdir=str(tmp_path), name="tiny")
-    assert run_folder.claim_run_folder(config).run_version is None  # not told: its own (none), nothing made
+    assert run_folder.claim_run_folder(config) is None  # not told: its own (none), nothing made
     monkeypatch.setenv(run_folder.RUN_VERSION_ENV, "version_3")
-    assert run_folder.claim_run_folder(config).run_version == "version_3"
+    assert run_folder.claim_run_folder(config) == "version_3"
     assert not (tmp_path / "tiny").exists()
 
 
@@ -321,7 +321,7 @@ def test_resume_auto_in_a_folder_without_last_starts_over_there(tmp_path, releas
 
     folder = run(tmp_path / "tiny", "job_5", {"state": "failed", "started": 1.0}, best="best-acc0.40.ckpt")
     config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="job_5", resume="auto")
-    assert run_folder.claim_run_folder(config).run_version == "job_5"
+    assert run_folder.claim_run_folder(config) == "job_5"
     assert list((folder / "checkpoints").iterdir()) == [] and run_folder.read_run_record(folder)["started"] > 1.0
 
 
@@ -333,8 +333,8 @@ def test_the_text_and_hparams_tabs_hold_the_command_and_settings_masked(tmp_path
     from project.config.schema import RunConfig
     from project.training.build import build_loggers
 
-    config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="v", logger="tensorboard,csv")
-    trainer = L.Trainer(logger=build_loggers(config), accelerator="cpu", enable_checkpointing=False,
+    config = RunConfig(logdir=str(tmp_path), name="tiny", logger="tensorboard,csv")
+    trainer = L.Trainer(logger=build_loggers(config, "v"), accelerator="cpu", enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     assert run_folder.run_dir(trainer) == tmp_path / "tiny" / "v" and run_folder.tensorboard_of(trainer) is not None
     monkeypatch.setattr("sys.argv", ["train.py", "--storage", "postgresql://me:hunter2@db/x", "--lr", "0.1"])
@@ -408,8 +408,8 @@ def test_the_tensorboard_logger_alone_keeps_the_settings_in_hparams_yaml(tmp_pat
     from project.config.schema import RunConfig
     from project.training.build import build_loggers
 
-    config = RunConfig(logdir=str(tmp_path), name="tiny", run_version="v", logger="tensorboard")
-    trainer = L.Trainer(logger=build_loggers(config), accelerator="cpu", enable_checkpointing=False,
+    config = RunConfig(logdir=str(tmp_path), name="tiny", logger="tensorboard")
+    trainer = L.Trainer(logger=build_loggers(config, "v"), accelerator="cpu", enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     RunFolder.log_settings(trainer, config)
     RunFolder.log_hparams_with_results(trainer, {"lr": 0.1}, ("test/acc",))

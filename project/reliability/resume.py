@@ -181,20 +181,20 @@ def initial_weights(config: RunConfig, recipe: Recipe) -> dict[str, Any] | None:
     return checkpoint["state_dict"]
 
 
-def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfig:
-    """A resume continues in the folder of the run it resumes, with the steps per call that run took.
+def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> dict[str, Any]:
+    """The settings a resume takes from the run it resumes: its folder, and the steps per call that run took.
 
     Its logs are cut back to the checkpoint (a resumed run logs the rest again) and the temporary files
     of a killed save removed. A finished run is left alone, in one line, unless this one asks for more
     epochs (possible without a fixed-length schedule): then the run goes on in its folder.
     """
     if resume is None:
-        return config
-    if config.steps_per_call == "auto" and resume.steps_per_call:
-        config = config.replace(steps_per_call=resume.steps_per_call)
+        return {}
+    taken = {"steps_per_call": resume.steps_per_call} if config.steps_per_call == "auto" and resume.steps_per_call \
+        else {}
     folder = resume.run_folder
     if folder is None or not internals.is_rank_zero():
-        return config.replace(**_folder_settings(folder, resume)) if folder else config
+        return {**taken, **(_folder_settings(folder, resume) if folder else {})}
     run_folder.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
     RunFolder(folder).refuse_if_damaged()  # and one whose records are damaged
     if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
@@ -206,7 +206,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> RunConfi
                           f"{done['weights']}); nothing to resume, nothing written")
     remove_partial_files(folder)
     roll_back_logs(folder, resume.global_step)
-    return config.replace(**_folder_settings(folder, resume))
+    return {**taken, **_folder_settings(folder, resume)}
 
 
 def _folder_settings(folder: Path, resume: Resume) -> dict[str, str]:

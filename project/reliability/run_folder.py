@@ -411,15 +411,15 @@ def _check_writable_dir(folder: Path, flag: str) -> None:
             pass  # the folder was not there to write in: reported above
 
 
-def claim_run_folder(config: RunConfig, resuming: bool = False, recipe: str | None = None) -> RunConfig:
+def claim_run_folder(config: RunConfig, resuming: bool = False, recipe: str | None = None) -> str | None:
     """Make the run's folder now, atomically (``mkdir`` fails if it exists): runs started at the same
     moment never share one; then hold it (``own``) and start its record. Rank 0 claims it; the
     ranks Lightning starts later are told its name. ``resuming``: the folder is the run's own, held
-    already (``continue_in_its_folder``)."""
+    already (``continue_in_its_folder``). Its name (None: ``--fast-dev-run`` makes no folder)."""
     if config.fast_dev_run:
-        return config
+        return None
     if not internals.is_rank_zero():
-        return config.replace(run_version=os.environ.get(RUN_VERSION_ENV, config.run_version))
+        return os.environ.get(RUN_VERSION_ENV, config.run_version)
     parent = Path(config.logdir) / config.name
     existed = False
     try:
@@ -443,7 +443,7 @@ def claim_run_folder(config: RunConfig, resuming: bool = False, recipe: str | No
         start_over_in(folder)  # --resume auto, and nothing to resume from yet
     start_record(folder, config.trainer, resumed=resuming, recipe=recipe, data_dir=config.data_dir)
     os.environ[RUN_VERSION_ENV] = version
-    return config.replace(run_version=version)
+    return version
 
 
 def start_over_in(folder: Path) -> None:
@@ -567,20 +567,21 @@ class RunFolder:
 
     @classmethod
     @contextmanager
-    def opened(cls, config: Any, resuming: bool, recipe: str | None = None) -> Iterator[tuple[RunFolder | None, Any]]:
+    def opened(cls, config: Any, resuming: bool, recipe: str | None = None) -> Iterator[tuple[RunFolder | None,
+                                                                                             str | None]]:
         """Claim the folder ``config`` names (or the next ``version_N``), hold it and record the start; yield it
-        with the config that names it (``None`` for a run that writes no files: ``--fast-dev-run``, ranks other
-        than 0). On the way out: how the run ended, recorded; a folder a refusal left empty, removed; the lock
-        released."""
+        (``None`` for a run that writes no files: ``--fast-dev-run``, ranks other than 0) with its name, which
+        every rank's loggers write under. On the way out: how the run ended, recorded; a folder a refusal left
+        empty, removed; the lock released."""
 
         named = Path(config.logdir) / config.name / str(config.run_version)
         existed = config.run_version is not None and named.exists()
         try:
-            config = claim_run_folder(config, resuming=resuming, recipe=recipe)
+            version = claim_run_folder(config, resuming=resuming, recipe=recipe)
             writes = internals.is_rank_zero() and not config.fast_dev_run
-            folder = cls(Path(config.logdir) / config.name / str(config.run_version)) if writes else None
+            folder = cls(Path(config.logdir) / config.name / str(version)) if writes else None
             try:
-                yield folder, config
+                yield folder, version
             except BaseException as err:
                 if folder is not None:
                     folder.record_end(err)

@@ -77,8 +77,9 @@ def _listed(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def build_loggers(config: RunConfig) -> list[Logger]:
-    """``--logger tensorboard,csv,...``: all write into the same ``LOGDIR/NAME/version_N`` run."""
+def build_loggers(config: RunConfig, version: str | None) -> list[Logger]:
+    """``--logger tensorboard,csv,...``: all write into the same run folder, ``LOGDIR/NAME/VERSION`` (``version``: the
+    claimed folder's name; None: the loggers' next ``version_N``)."""
     try:  # the setting's own check, for a RunConfig built in code too
         names = names_from(*LOGGERS)(config.logger).split(",")
     except ValueError as err:
@@ -87,13 +88,13 @@ def build_loggers(config: RunConfig) -> list[Logger]:
         if name in names and importlib.util.find_spec(name) is None:
             raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
     loggers: list[Logger] = []
-    version: int | str | None = config.run_version
+    joined: int | str | None = version
     for name in names:
         if name == "tensorboard":
-            logger: Logger = OneFileTensorBoardLogger(config.logdir, name=config.name, version=version,
+            logger: Logger = OneFileTensorBoardLogger(config.logdir, name=config.name, version=joined,
                                                       default_hp_metric=False)
         elif name == "csv":
-            logger = AppendingCSVLogger(config.logdir, name=config.name, version=version)
+            logger = AppendingCSVLogger(config.logdir, name=config.name, version=joined)
         elif name == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
@@ -102,8 +103,8 @@ def build_loggers(config: RunConfig) -> list[Logger]:
             from lightning.pytorch.loggers import MLFlowLogger
 
             logger = MLFlowLogger(experiment_name=config.name, save_dir=str(Path(config.logdir) / "mlruns"))
-        if version is None and name in ("tensorboard", "csv"):
-            version = logger.version  # the next loggers join this run's folder
+        if joined is None and name in ("tensorboard", "csv"):
+            joined = logger.version  # the next loggers join this run's folder
         loggers.append(logger)
     return loggers
 
@@ -201,9 +202,10 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     return callbacks
 
 
-def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
-                  steps_per_epoch: int | None = None) -> L.Trainer:
-    """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks.
+def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), steps_per_epoch: int | None = None,
+                  version: str | None = None) -> L.Trainer:
+    """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks, logging into the run
+    folder ``version`` (``RunFolder.opened``).
 
     ``config.trainer`` (``--trainer.KEY VALUE``) is applied last, so any Trainer argument can be set.
     """
@@ -217,7 +219,7 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (),
         deterministic=config.deterministic,
         detect_anomaly=config.detect_anomaly,
         fast_dev_run=config.fast_dev_run,
-        logger=False if config.fast_dev_run else build_loggers(config),
+        logger=False if config.fast_dev_run else build_loggers(config, version),
         callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
         log_every_n_steps=config.log_every_n_steps,
         enable_model_summary=False,

@@ -159,15 +159,14 @@ def train(config: RunConfig, recipe: Recipe, *, datamodule: TensorDataModule | N
     """
     quiet_known_warnings()
     check_made_for(config, recipe)
-    config = resolve_hardware(config)
     warm_up_cuda(config.accelerator)
     L.seed_everything(config.seed, workers=True, verbose=False)
     job_end = DdpJobEnd()
     try:
         plan = plan_run(config, recipe, datamodule, test)
         with RunFolder.opened(plan.config, resuming=plan.resume is not None, recipe=recipe.package) as (folder,
-                                                                                                          config):
-            result = run_plan(plan, recipe, config, folder, [job_end, *callbacks], test, on_tested)
+                                                                                                          version):
+            result = run_plan(plan, recipe, folder, version, [job_end, *callbacks], test, on_tested)
     finally:
         RunFolder.release_all()  # a resume's folder is held from the moment it is chosen
         job_end.end(sys.exc_info()[1])
@@ -183,27 +182,32 @@ def check_made_for(config: RunConfig, recipe: Recipe) -> None:
                          f"{', '.join(recipe.options) or 'none'}: make it with RunConfig.for_recipe(recipe, ...)")
 
 
-def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | None, test: bool) -> Plan:
-    """Everything a run can be refused for, checked before anything is written: data, settings, the checkpoint to
-    resume (its folder then held by this process), outputs, steps per call, CUDA graphs, the model."""
-    if datamodule is None:
-        datamodule = build_datamodule(config, recipe)
-    if config.data_dir is None:  # recorded as found (DATA_DIR, data/): the run's scripts use it again later
-        config = config.replace(data_dir=str(datamodule.data_dir.resolve()))
-    datamodule.batch_size, datamodule.eval_batch_size = config.batch_size, config.eval_batch_size
-    datamodule.prepare_data()  # a missing dataset is reported before any process starts
-    train_size, world_size = datamodule.train_size(), expected_world_size(config)
+def plan_run(asked: RunConfig, recipe: Recipe, given: TensorDataModule | None, test: bool) -> Plan:
+    """Everything a run can be refused for, checked before anything is written: hardware, data, settings, the
+    checkpoint to resume (its folder then held by this process), outputs, steps per call, CUDA graphs, the model.
+
+    The plan's config is the one the run keeps: ``asked`` with its precision resolved for this
+    machine, its data folder as found, and a resume's folder and steps per call; its datamodule is
+    ``given`` (or the recipe's), batched as planned.
+    """
+    here = resolve_hardware(asked)
+    source = given if given is not None else build_datamodule(here, recipe)
+    source.prepare_data()  # a missing dataset is reported before any process starts
+    train_size, world_size = source.train_size(), expected_world_size(here)
     if test:
-        datamodule.setup("test")  # a test set the recipe cannot use is said now, not after the training
-    steps = planned_steps(config, train_size, world_size)  # settings that would train on nothing: refused now
-    card = checked_data_card(datamodule)  # statistics declared wrong: refused now
-    resume = checkpoint_to_resume(config, recipe, steps, world_size)
-    config = continue_in_its_folder(config, resume)
+        source.setup("test")  # a test set the recipe cannot use is said now, not after the training
+    steps = planned_steps(here, train_size, world_size)  # settings that would train on nothing: refused now
+    card = checked_data_card(source)  # statistics declared wrong: refused now
+    resume = checkpoint_to_resume(here, recipe, steps, world_size)
+    # The data folder as found (DATA_DIR, data/): the run's scripts use it again later.
+    found = str(source.data_dir.resolve()) if here.data_dir is None else here.data_dir
+    config = here.replace(data_dir=found, **continue_in_its_folder(here, resume))
     RunFolder.check_outputs_writable(config)
-    stepper = Stepper(plan_steps(config, datamodule, lambda trial: build_model(trial, recipe),
+    stepper = Stepper(plan_steps(config, source, lambda trial: build_model(trial, recipe),
                                  resume.auto_steps_per_call() if resume else None))
-    plan = stepper.plan
-    datamodule.use_steps(plan.steps.k, plan.grouped, plan.group_ends_every)
+    step_plan = stepper.plan
+    datamodule = source.for_run(config.batch_size, config.eval_batch_size, step_plan.steps.k, step_plan.grouped,
+                                step_plan.group_ends_every)
     model = build_model(config, recipe, stepper)
     load_initial_weights(model, config, recipe)
     if resume is not None:
@@ -214,34 +218,37 @@ def plan_run(config: RunConfig, recipe: Recipe, datamodule: TensorDataModule | N
     return Plan(config, datamodule, model, resume, stepper, card)
 
 
-def run_plan(plan: Plan, recipe: Recipe, config: RunConfig, folder: RunFolder | None, callbacks: Sequence[Callback],
-             test: bool, on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
-    """Fit, test and record the planned run in its claimed folder (``config`` names it)."""
-    datamodule, model, resume = plan.datamodule, plan.model, plan.resume
+def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str | None,
+             callbacks: Sequence[Callback], test: bool,
+             on_tested: Callable[[dict[str, float]], None] | None) -> RunResult:
+    """Fit, test and record the planned run in its claimed folder (``folder`` on rank 0; ``version``: its name)."""
+    config, datamodule, model, resume = plan.config, plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
         stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.stepper.plan.steps.k)
         trainer = build_trainer(config, [*callbacks, record, stopper],
-                                steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None)
+                                steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None,
+                                version=version)
         try:
-            config, scaling = tune(trainer, model, datamodule, config,
-                                   base_batch=settings_of(recipe)["batch_size"].default)
-            record.config = config
-            RunFolder.log_settings(trainer, config)
+            tuning = tune(trainer, model, datamodule, config, base_batch=settings_of(recipe)["batch_size"].default)
+            trained = tuning.trained(config) if tuning is not None else config
+            record.config = trained
+            RunFolder.log_settings(trainer, trained)
             log_card(trainer, plan.card)
-            config_file = folder.save_config(config, recipe.package) if folder is not None else None
+            config_file = folder.save_config(trained, recipe.package) if folder is not None else None
             with reported_failures(folder.path if folder is not None else None):
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
                 metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
             stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
             device = trainer.strategy.root_device
             result = RunResult(
-                config=config, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
-                devices=trainer.num_devices, global_batch=global_batch(trainer, config.batch_size),
+                config=trained, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
+                devices=trainer.num_devices, global_batch=global_batch(trainer, trained.batch_size),
                 test_metrics=dict(metrics), best_val=best_val,
                 peak_memory_mb=peak_memory_mb(device), device=str(device),
                 epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
                 config_file=config_file, optimizer_steps=trainer.global_step,
-                steps=plan.stepper.taken(datamodule.steps_per_call), lr_scaling=scaling,
+                steps=plan.stepper.taken(datamodule.steps_per_call),
+                lr_scaling=tuning.scaling if tuning is not None else None,
             )
             if trainer.is_global_zero and not config.fast_dev_run:
                 finish(trainer, model, result, signals, on_tested if test else None)

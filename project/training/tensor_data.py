@@ -15,26 +15,20 @@ anything is written.
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset, random_split
 
 from project import EVAL_BATCH_SIZE
-from project.errors import DataError, UsageError
-
-if TYPE_CHECKING:
-    pass
-from collections.abc import Iterator, Sized
-
-from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DistributedSampler, RandomSampler
-
 from project.config.schema import RunConfig
+from project.errors import DataError, UsageError
 
 
 def batches_of(samples: int, batch_size: int) -> int:
@@ -520,10 +514,16 @@ class TensorDataModule(L.LightningDataModule):
             batches.resume(*self._resume_at)
         return batches
 
-    def use_steps(self, k: int, grouped: bool, group_ends_every: tuple[int, ...]) -> None:
-        """Hand out batches as the run's steps take them: one per Lightning step, or groups of ``k`` (with the step
-        counts at which a group must end)."""
-        self.steps_per_call, self.grouped, self.group_ends_every = k, grouped, group_ends_every
+    def for_run(self, batch_size: int, eval_batch_size: int, k: int = 1, grouped: bool = False,
+                group_ends_every: tuple[int, ...] = ()) -> TensorDataModule:
+        """This data as one planned run takes it: its batch sizes, and one batch per Lightning step or groups of ``k``
+        (with the step counts at which a group must end). A copy sharing the splits loaded already (a sweep's
+        trials load them once); this datamodule is left as it was."""
+        run = copy.copy(self)
+        run.batch_size, run.eval_batch_size = batch_size, eval_batch_size
+        run.steps_per_call, run.grouped, run.group_ends_every = k, grouped, group_ends_every
+        run._train_sampler, run._resume_at = None, None
+        return run
 
     def use_steps_per_call(self, k: int) -> None:
         """Hand out groups of ``k`` batches from the next group on (``auto`` follows the run's step time)."""

@@ -68,17 +68,28 @@ def scales_lr(config: RunConfig, world_size: int) -> bool:
     return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)
 
 
-def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig,
-         base_batch: int) -> tuple[RunConfig, LrScaling | None]:
-    """Apply --find-batch-size, --find-lr and --scale-lr (from ``base_batch``, the batch the default LR is for), in
-    that order; return the config as trained, and the LR scaling if there was one.
+@dataclass(frozen=True)
+class Tuning:
+    """What the tuners and the scaling rule set: the batch size and LR the run trains with."""
 
-    The returned config holds the batch size and LR found, with the tuner flags off, so that
-    ``--config`` of the saved ``config.yaml`` repeats the run without tuning again.
-    """
+    batch_size: int
+    lr: float
+    scaling: LrScaling | None
+
+    def trained(self, config: RunConfig) -> RunConfig:
+        """``config`` as trained: the batch size and LR found, the tuner flags off, so that ``--config`` of the saved
+        ``config.yaml`` repeats the run without tuning again."""
+        return config.replace(batch_size=self.batch_size, lr=self.lr, scale_lr=False, find_lr=False,
+                              find_batch_size=False)
+
+
+def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModule, config: RunConfig,
+         base_batch: int) -> Tuning | None:
+    """Apply --find-batch-size, --find-lr and --scale-lr (from ``base_batch``, the batch the default LR is for), in
+    that order, to the model and datamodule; what they set (None: nothing to tune)."""
     check_tuning(config, trainer.world_size)
     if not config.wants_tuner and not scales_lr(config, trainer.world_size):
-        return config, None
+        return None
     from lightning.pytorch.tuner import Tuner
 
     tuner = Tuner(trainer)
@@ -93,8 +104,7 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
                             auto=config.scale_lr == "auto")
         model.hparams.lr = scaling.lr
         rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams.lr:g}")
-    return config.replace(batch_size=datamodule.batch_size, lr=model.hparams.lr, scale_lr=False, find_lr=False,
-                          find_batch_size=False), scaling
+    return Tuning(datamodule.batch_size, model.hparams.lr, scaling)
 
 
 @contextmanager
