@@ -158,3 +158,42 @@ def test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was(
         assert seen.data is not shared and seen.data.train_set is loaded
         assert (seen.data.batch_size, seen.data.steps_per_call, seen.data.grouped) == (batch_size, k, k > 1)
     assert settings() == before and shared.train_set is loaded
+
+
+@pytest.mark.parametrize(("mean", "light_on_dark"), [((0.13,), True), ((0.39,), True), ((0.4,), None), ((0.6,), None),
+                                                     ((0.61,), False), ((0.9,), False), ((0.1, 0.9, 0.9), False),
+                                                     ((0.9, 0.1, 0.1), True)])
+def test_the_training_images_polarity_is_read_from_their_mean_brightness(mean, light_on_dark):
+    """Below 0.4 light on dark, above 0.6 dark on light, between none (no inversion); over every channel."""
+    recipe = type("Declared", (TinyDataModule,), {"mean": mean, "std": (0.3,) * len(mean)})
+    assert recipe.dark_background(recipe.__new__(recipe)) is light_on_dark
+
+
+@pytest.mark.parametrize(("mean", "border"), [((0.13,), 0.0), ((0.9,), 1.0), ((0.5,), 1.0)])
+def test_a_recipes_image_reading_turns_a_file_to_its_training_images_polarity(tmp_path, mean, border):
+    """Dark ink on light paper reads as light on dark for a recipe trained on light-on-dark images (its border dark),
+    and as it is for one trained on dark-on-light images or of no clear polarity."""
+    from PIL import Image, ImageDraw
+
+    paper = Image.new("L", (56, 56), 255)
+    ImageDraw.Draw(paper).line([(28, 8), (28, 48)], fill=0, width=6)
+    paper.save(tmp_path / "ink.png")
+    recipe = type("Declared", (TinyDataModule,), {"mean": mean, "std": (0.3,)})
+    pixels = recipe.__new__(recipe).read_pixels(tmp_path / "ink.png")
+    assert pixels.shape == (1, 28, 28)
+    assert float(pixels[0, 0, 0]) == border and float(pixels[0, 14, 14]) == 1.0 - border
+
+
+def test_a_fractional_test_limit_gets_test_batches_it_covers(tiny_data):
+    """``limit_test_batches=0.1`` of 80 test images in batches of 1000 would cover none: the test batches shrink to
+    8 images, so the limit tests a tenth (as it does for validation)."""
+    from types import SimpleNamespace
+
+    dm = make_dm(tiny_data)
+    dm.eval_batch_size = 1000
+    dm.trainer = SimpleNamespace(limit_test_batches=0.1, limit_val_batches=1.0, world_size=1, global_rank=0,
+                                 strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    assert dm.test_dataloader().batch_size == 8
+    assert dm.val_dataloader().batch_size == 1000
+    assert [len(y) for _, y in dm.test_dataloader()] == [8] * 10  # in order, each image once
+    assert torch.equal(torch.cat([y for _, y in dm.test_dataloader()]), dm.test_set.targets)

@@ -74,7 +74,6 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
                       precision=trained_with.get("precision", "32-true"), data_dir=trained_with.get("data_dir"))
 
 
-
 def test_data_dir(classifier: Classifier, given: str | None) -> str | None:
     """Where the test set is read: ``--data-dir``, else the data the classifier's run trained on (as its run
     recorded it), else ``$DATA_DIR`` or the recipe's default. A ``DATA_DIR`` exported for another recipe's data
