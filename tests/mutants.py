@@ -427,6 +427,10 @@ MUTANTS = (
     Mutant('a-shared-datamodule-takes-each-runs-settings', "runs sharing a datamodule each train as planned and "
            "leave it as it was", 'project/training/tensor_data.py', 'run = copy.copy(self)', 'run = self',
            ("tests/test_datamodule.py::test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was",)),
+    Mutant('checkpoint-records-the-lr-before-scaling', "a scaled LR is recorded as trained, so a resume does not "
+           "scale it again", 'project/training/run.py', 'record.config = trained', 'record.config = config',
+           ("tests/test_gpu_toolkit.py::test_a_scaled_lr_is_recorded_as_trained_so_its_config_and_its_resume_do_not_"
+            "scale_it_again",)),
 )
 
 

@@ -63,6 +63,21 @@ def test_16_mixed_on_cpu_is_explained_and_scale_lr_uses_the_global_batch(shared_
     assert "precision bf16-mixed; lr 0.4" in result.summary()
 
 
+def test_a_scaled_lr_is_recorded_as_trained_so_its_config_and_its_resume_do_not_scale_it_again(shared_tiny_data,
+                                                                                                 tmp_path):
+    """``--scale-lr`` sets the LR once: ``config.yaml`` (what ``--config`` repeats) and the checkpoint's record (what
+    a resume adopts) hold the LR trained with and the rule off, and the run's result says the same."""
+    import yaml
+
+    result = train(tiny_config(shared_tiny_data, tmp_path / "logs", accelerator="cpu", batch_size=512,
+                               scale_lr=True, max_epochs=1, steps_per_call=1))
+    assert (result.config.lr, result.config.scale_lr) == (0.4, False) and result.lr_scaling.lr == 0.4
+    saved = yaml.safe_load(result.config_file.read_text())
+    assert (saved["lr"], saved["scale_lr"], saved["batch_size"]) == (0.4, False, 512)
+    recorded = torch.load(result.last_checkpoint, weights_only=False)["run_record"]["config"]
+    assert (recorded["lr"], recorded["scale_lr"]) == (0.4, False)
+
+
 @pytest.mark.parametrize("asked, world_size, scales", [("auto", 1, False), ("auto", 2, True), (False, 2, False),
                                                       (True, 1, True), (True, 2, True)])
 def test_the_lr_follows_the_global_batch_of_several_processes_unless_told_not_to(asked, world_size, scales):
