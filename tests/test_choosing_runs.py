@@ -172,6 +172,9 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
     weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)
     reference = torch.load(uninterrupted.run_dir / "model.pth", weights_only=True)
     assert all(torch.equal(weights[key], reference[key]) for key in reference)
+    without_data = [arg for arg in command if arg not in ("--data-dir", str(data))]
+    adopted = adopt_run_settings(*parse_run_command(tiny_recipe(), without_data), tiny_recipe())
+    assert adopted.data_dir == str(data.resolve())  # the data its run trained on, not $DATA_DIR's
     changed = adopt_run_settings(*parse_run_command(tiny_recipe(), [*command, "--seed", "4"]), tiny_recipe())
     assert changed.seed == 4 and changed.lr == 0.05  # what the command gives is kept: the resume refuses it
     with pytest.raises(UserError, match="--seed 4: the checkpoint's run trained with --seed 3"):
