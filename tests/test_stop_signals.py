@@ -1,0 +1,103 @@
+"""The stop handler's decisions in this process, without sending a signal (the real signals, DDP and the SLURM requeue
+are in test_restarts.py, test_faults.py and test_slurm.py): which signal counts, how the stop is named and with
+which exit status, a second Ctrl-C, and what a SLURM time-limit warning asks of ``scontrol``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+import pytest
+
+from project.errors import Terminated
+from project.reliability.stops import StopSignals
+
+
+@pytest.fixture
+def outside_slurm(monkeypatch):
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def noted(*signums: int) -> StopSignals:
+    signals = StopSignals()
+    for signum in signums:
+        signals.note(signum, None)
+    return signals
+
+
+@pytest.mark.parametrize(("signums", "name", "status"), [
+    ((signal.SIGTERM,), "SIGTERM", 143), ((signal.SIGINT,), "Ctrl-C", 130), ((signal.SIGHUP,), "SIGHUP", 129),
+    ((signal.SIGUSR1,), "SIGUSR1", 138), ((signal.SIGTERM, signal.SIGINT), "SIGTERM", 143),
+    ((signal.SIGHUP, signal.SIGTERM), "SIGHUP", 129)])
+def test_the_first_signal_names_the_stop_and_its_exit_status(outside_slurm, signums, name, status):
+    signals = noted(*signums)
+    assert signals.received == signums[0] and signals.name() == name
+    stop = signals.terminated("after step 7: continue with --resume last")
+    assert isinstance(stop, Terminated) and stop.exit_code == status
+    assert str(stop) == f"stopped by {name} after step 7: continue with --resume last"
+    with pytest.raises(Terminated, match=f"^stopped by {name} during the test$"):
+        signals.check("during the test")
+
+
+def test_no_signal_no_stop_and_an_unnamed_one_reads_as_a_signal():
+    signals = StopSignals()
+    signals.check("between phases")  # nothing came: nothing raised
+    assert signals.name() == "SIGTERM"  # Lightning's own stop, when no signal of ours came
+    signals.received = signal.SIGUSR2
+    assert signals.name() == "a signal"
+
+
+def test_a_second_ctrl_c_stops_at_once_with_ctrl_cs_status(monkeypatch, capsys):
+    def exit_now(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    assert noted(signal.SIGTERM, signal.SIGINT).received == signal.SIGTERM  # after another signal: waits for it
+    signals = noted(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        signals.note(signal.SIGINT, None)
+    assert stopped.value.code == 130 and capsys.readouterr().err == "\ninterrupted again: stopping now\n"
+
+
+def fake_scontrol(folder, status: int, said: str = ""):
+    script = folder / "scontrol"
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {folder / 'asked'}\necho '{said}' >&2\nexit {status}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+@pytest.mark.parametrize(("array", "job"), [(False, "77"), (True, "5_3")])
+def test_a_time_limit_warning_requeues_the_job_and_says_so_before(tmp_path, monkeypatch, capsys, outside_slurm,
+                                                                  array, job):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    if array:
+        monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "5")
+        monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    fake_scontrol(tmp_path, 0)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    stop = noted(signal.SIGUSR1).terminated("after step 7: continue with --resume last")
+    line = f"stopped by SIGUSR1 after step 7; requeueing job {job}: it continues from last.ckpt in this folder"
+    assert (tmp_path / "asked").read_text() == f"requeue {job}\n"
+    assert capsys.readouterr().err == f"train.py: {line}\n"
+    assert str(stop) == line and stop.prefix == "" and stop.said and stop.exit_code == 138
+
+
+def test_a_requeue_slurm_refuses_is_an_error_naming_why(tmp_path, monkeypatch, outside_slurm):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    fake_scontrol(tmp_path, 1, "scontrol: error: Requeue of job 77 denied")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    stop = noted(signal.SIGUSR1).terminated("after step 7")
+    assert str(stop) == ("requeueing job 77 failed (scontrol: error: Requeue of job 77 denied): submit it again to "
+                         "continue") and not stop.said
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert "(scontrol is not on PATH here)" in str(noted(signal.SIGUSR1).terminated("after step 7"))
+
+
+def test_only_rank_zero_requeues(monkeypatch, outside_slurm):
+    from project import internals
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(internals, "is_rank_zero", lambda: False)
+    assert str(noted(signal.SIGUSR1).terminated("after step 7")) == "stopped by SIGUSR1 after step 7"
