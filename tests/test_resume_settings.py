@@ -82,3 +82,31 @@ def test_a_refusal_shows_lists_and_unset_values_as_they_are_typed(tmp_path):
     with pytest.raises(UserError, match=r"^--warmup-steps \(not set\): the checkpoint's run trained with "
                                         r"--warmup-steps 10, .*resume with --warmup-steps 10, or"):
         check_same_training({"warmup_steps": 10}, RunConfig(), tmp_path, tiny_recipe())
+
+
+def test_a_moved_run_folder_resumes_with_its_checkpoint_callbacks_paths_moved_along(tmp_path):
+    """Lightning drops a checkpoint callback's best scores when its saved paths are not where it now writes: the
+    record moves every path under the old folder to the new one, where the new folder holds those files."""
+    from types import SimpleNamespace
+
+    from project.reliability.checkpointing import RunRecord
+
+    before, here = "/old/disk/logs/tiny/version_0/checkpoints", str(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best-acc0.90.ckpt").write_bytes(b"")
+    state = {"dirpath": before, "best_model_path": f"{before}/best-acc0.90.ckpt", "best_model_score": 0.9,
+             "best_k_models": {f"{before}/best-acc0.90.ckpt": 0.9, "/elsewhere/kept.ckpt": 0.5},
+             "kth_best_model_path": f"{before}/best-acc0.90.ckpt", "monitor": "val/acc", "last_model_path": ""}
+    foreign = {**state, "best_model_path": f"{before}/best-acc0.80.ckpt"}  # its best is not in the new folder
+    checkpoint = {"callbacks": {"ModelCheckpoint": dict(state), "Other": dict(foreign), "Counter": 3}}
+    trainer = SimpleNamespace(checkpoint_callbacks=[SimpleNamespace(), SimpleNamespace(dirpath=here)])
+    RunRecord(None, 1).on_load_checkpoint(trainer, None, checkpoint)
+    moved = checkpoint["callbacks"]["ModelCheckpoint"]
+    assert moved["dirpath"] == here and moved["best_model_path"] == f"{here}/best-acc0.90.ckpt"
+    assert moved["kth_best_model_path"] == f"{here}/best-acc0.90.ckpt" and moved["best_model_score"] == 0.9
+    assert moved["best_k_models"] == {f"{here}/best-acc0.90.ckpt": 0.9, "/elsewhere/kept.ckpt": 0.5}
+    assert moved["monitor"] == "val/acc" and moved["last_model_path"] == ""
+    assert checkpoint["callbacks"]["Other"] == foreign and checkpoint["callbacks"]["Counter"] == 3
+    unmoved = {"callbacks": {"ModelCheckpoint": dict(state)}}
+    RunRecord(None, 1).on_load_checkpoint(SimpleNamespace(checkpoint_callbacks=[]), None, unmoved)
+    assert unmoved["callbacks"]["ModelCheckpoint"] == state  # nowhere to move them to: Lightning's own paths
