@@ -1,0 +1,49 @@
+"""``scripts/engine_size.py``'s count of the engine's lines, on a tree written by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from helpers import ROOT
+
+spec = importlib.util.spec_from_file_location("engine_size", ROOT / "scripts" / "engine_size.py")
+assert spec is not None and spec.loader is not None
+engine_size = importlib.util.module_from_spec(spec)
+sys.modules["engine_size"] = engine_size  # its dataclass looks its module up
+spec.loader.exec_module(engine_size)
+
+MODULE = '''"""A module.
+
+Its second paragraph, after a blank line.
+"""
+
+import os  # a comment after code is code
+
+# a comment
+
+
+def walk(path):
+    """Why it walks.
+
+    # not a comment: docstring text
+    """
+    return os.walk(path)
+
+
+class Tree:
+    """One line."""
+
+    size = 3
+'''
+
+
+def test_the_engines_lines_are_counted_by_kind_and_the_recipe_left_out(tmp_path):
+    (tmp_path / "training").mkdir(parents=True)
+    (tmp_path / "training" / "walk.py").write_text(MODULE)
+    (tmp_path / "empty.py").write_text("")
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "model.py").write_text("x = 1\n" * 50)
+    lines = engine_size.engine_lines(tmp_path)
+    assert (lines.files, lines.total, lines.docstrings, lines.comments, lines.blank, lines.code) == (
+        2, 22, 9, 1, 7, 5)
