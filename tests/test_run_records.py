@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 
 from helpers import make_tiny_data, tiny_config, train
 from project.config.schema import RunConfig
@@ -67,3 +68,32 @@ def test_a_run_that_crashes_before_its_first_checkpoint_keeps_its_folder_record_
     assert record(run)["state"] == "failed" and record(run)["error"] == "boom at the first step"
     assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
     assert [r.describe() for r in RunFolder.listed(str(tmp_path / "logs"), "tiny")][0].startswith("failed")
+
+
+def test_each_checkpoint_records_its_run_and_run_json_its_step_and_best(data, tmp_path):
+    """Every save: the checkpoint holds the run's settings, its K and its module (what a resume and the scripts read
+    back), and ``run.json`` the newest step with the best checkpoint and its score (what ``runs.py`` and
+    ``--ckpt best`` read); ``last.ckpt`` every N steps and at each epoch's end."""
+
+    class Saves(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            self.steps.append(trainer.global_step)
+
+    saves = Saves()
+    result = train(tiny_config(data, tmp_path, max_epochs=2, steps_per_call=1, checkpoint_every_n_steps=3,
+                               accelerator="cpu"), callbacks=[saves], test=False)
+    # 200 samples in batches of 32: 7 steps an epoch; last.ckpt at 3 and 6, then at each epoch's end (the first
+    # epoch's best beside it)
+    assert [step for step in saves.steps if step % 7] == [3, 6, 9, 12] and saves.steps.count(7) == 2
+    assert saves.steps[-1] == 14
+    last = torch.load(result.last_checkpoint, weights_only=False)
+    assert last["global_step"] == 14
+    assert last["run_record"] == {"config": result.config.to_mapping(), "steps_per_call": 1,
+                                  "module": "tests.tiny_recipe.model:LitTiny"}
+    noted = record(result.run_dir)
+    best = Path(result.best_checkpoint)
+    assert (noted["step"], noted["best_checkpoint"]) == (14, best.name) and best.is_file()
+    assert noted["best_score"] == pytest.approx(result.best_val) and 0 < noted["best_score"] <= 1
