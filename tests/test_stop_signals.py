@@ -101,3 +101,14 @@ def test_only_rank_zero_requeues(monkeypatch, outside_slurm):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setattr(internals, "is_rank_zero", lambda: False)
     assert str(noted(signal.SIGUSR1).terminated("after step 7")) == "stopped by SIGUSR1 after step 7"
+
+
+def test_the_stop_line_says_where_the_run_stopped_and_how_to_go_on():
+    from project.reliability.stops import StopAtSafePoints
+
+    stopper = StopAtSafePoints(StopSignals())
+    assert stopper.where(resumed=False) == "before its first training step; nothing new to save: start it again"
+    assert stopper.where(resumed=True) == ("before its first training step; nothing new to save: continue with "
+                                           "--resume last")
+    stopper.stopped_at = 0  # a step count, not "none yet"
+    assert stopper.where(resumed=False) == "after step 0; last.ckpt holds that step: continue with --resume last"
