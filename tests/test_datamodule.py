@@ -166,7 +166,7 @@ def test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was(
 def test_the_training_images_polarity_is_read_from_their_mean_brightness(mean, light_on_dark):
     """Below 0.4 light on dark, above 0.6 dark on light, between none (no inversion); over every channel."""
     recipe = type("Declared", (TinyDataModule,), {"mean": mean, "std": (0.3,) * len(mean)})
-    assert recipe.dark_background(recipe.__new__(recipe)) is light_on_dark
+    assert recipe.__new__(recipe).dark_background() is light_on_dark
 
 
 @pytest.mark.parametrize(("mean", "border"), [((0.13,), 0.0), ((0.9,), 1.0), ((0.5,), 1.0)])

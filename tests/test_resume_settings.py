@@ -21,7 +21,7 @@ def resume_of(record: dict, steps_per_call: int | None = 4, path: Path = Path("e
 
 @pytest.mark.parametrize(("recorded", "k", "kept"),
                          [("auto", 4, 4), (4, 4, None), (None, 4, None), ("auto", None, None)])
-def test_a_resume_keeps_the_k_that_auto_chose_and_only_that(recorded, k, kept):
+def test_a_resume_asking_auto_takes_its_runs_k_which_counts_as_autos_only_where_auto_chose_it(recorded, k, kept):
     record = {"config": {"steps_per_call": recorded}} if recorded is not None else {}
     resume = resume_of(record, k)
     assert resume.auto_steps_per_call() == kept

@@ -514,8 +514,8 @@ class TensorDataModule(L.LightningDataModule):
             batches.resume(*self._resume_at)
         return batches
 
-    def for_run(self, batch_size: int, eval_batch_size: int, k: int = 1, grouped: bool = False,
-                group_ends_every: tuple[int, ...] = ()) -> TensorDataModule:
+    def for_run(self, batch_size: int, eval_batch_size: int, k: int, grouped: bool,
+                group_ends_every: tuple[int, ...]) -> TensorDataModule:
         """This data as one planned run takes it: its batch sizes, and one batch per Lightning step or groups of ``k``
         (with the step counts at which a group must end). A copy sharing the splits loaded already (a sweep's
         trials load them once); this datamodule is left as it was."""
