@@ -172,6 +172,90 @@ def test_a_save_that_fails_in_torchs_writer_is_a_write_error(tmp_path, monkeypat
     assert (tmp_path / "last.ckpt").read_bytes() == b"the last good one" and len(list(tmp_path.iterdir())) == 1
 
 
+@pytest.mark.parametrize("said", ["[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing "
+                                  "file data/0: file write failed",
+                                  "[enforce fail at inline_container.cc:614] . unexpected pos 64 vs 0"])
+@pytest.mark.parametrize(("limit", "free", "meaning"), [
+    (200_000, 1 << 30, "File too large: this process may write files of at most 200,000 bytes"),
+    (10_000_000, 1 << 10, "No space left on device"),
+    (10_000_000, 1 << 30, "write failed ([enforce fail at inline_container.cc:"),
+])
+def test_torchs_word_for_a_failed_write_is_read_as_the_failure_it_stands_for(tmp_path, monkeypatch, said, limit,
+                                                                             free, meaning):
+    """A write cut off 150,000 bytes in: within 64 KiB of the file size limit (``ulimit -f``) it is that limit,
+    with less than 1 MiB free it is a full disk, otherwise torch's own words; the target is named either way."""
+    import errno
+    import resource
+    import shutil
+
+    from project.reliability import checkpointing
+
+    def cut_off(obj, stream):
+        stream.write(bytes(150_000))
+        raise RuntimeError(said)
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: shutil._ntuple_diskusage(1 << 40, (1 << 40) - free, free))
+    monkeypatch.setattr(checkpointing.torch, "save", cut_off)
+    target = tmp_path / "last.ckpt"
+    with pytest.raises(OSError) as failed:
+        checkpointing.atomic_save({"x": 1}, target)
+    expected = {200_000: errno.EFBIG}.get(limit, errno.ENOSPC if free < (1 << 20) else errno.EIO)
+    assert failed.value.errno == expected and failed.value.filename == str(target)
+    assert failed.value.strerror.startswith(meaning)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_failure_inside_torchs_writer_is_not_taken_for_a_failed_write(tmp_path, monkeypatch):
+    from project.reliability import checkpointing
+
+    def unpicklable(obj, stream):
+        stream.write(b"partial")
+        raise RuntimeError("cannot pickle 'generator' object")
+
+    monkeypatch.setattr(checkpointing.torch, "save", unpicklable)
+    with pytest.raises(RuntimeError, match="^cannot pickle 'generator' object$"):
+        checkpointing.atomic_save({"x": 1}, tmp_path / "last.ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_save_is_written_beside_its_target_synced_then_renamed_under_a_name_a_resume_clears(tmp_path, monkeypatch):
+    """Folders are made as needed; the file is whole on disk when synced, before the rename; and the temporary
+    file a kill would leave is one the next resume removes (``.last.ckpt.XXXX.tmp`` beside ``last.ckpt``)."""
+    from project.reliability import checkpointing
+    from project.reliability.run_folder import remove_partial_files
+
+    run = tmp_path / "run"
+    target = run / "checkpoints" / "last.ckpt"
+    events: list[tuple[str, object]] = []
+    real_save, real_fsync, real_replace = torch.save, os.fsync, os.replace
+
+    def save(obj, stream):
+        events.append(("writing", sorted(p.name for p in target.parent.iterdir())))
+        real_save(obj, stream)
+
+    def fsync(descriptor):
+        events.append(("synced", os.fstat(descriptor).st_size))
+        real_fsync(descriptor)
+
+    def replace(source, destination):
+        events.append(("renamed", (Path(source).parent, Path(destination))))
+        real_replace(source, destination)
+
+    monkeypatch.setattr(checkpointing.torch, "save", save)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    assert checkpointing.atomic_save({"w": torch.arange(1000)}, target) == target
+    monkeypatch.undo()
+    [(writing, [temporary]), (synced, size), (renamed, where)] = events
+    assert (writing, synced, renamed) == ("writing", "synced", "renamed")
+    assert size == target.stat().st_size and where == (target.parent, target)
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.arange(1000))
+    (target.parent / temporary).write_bytes(b"cut short by a kill")
+    remove_partial_files(run)
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
 def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(tmp_path):
     """The exclusive mkdir holds for named folders too: of two claims on one name, one is refused."""
     from project.config.schema import RunConfig

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -255,6 +255,11 @@ def test_a_checkpoint_that_does_not_name_its_recipe_is_known_by_the_recipes_opti
     with pytest.raises(CheckpointError, match=r"^old.ckpt: trained by another recipe \(a model without --channels\), "
                                               r"not by this one \(tests.second_recipe.model:LitCNN\)"):
         check_trained_by(older, Path("old.ckpt"), second)
+    # An option of two words is named as its flag; a checkpoint with no hyperparameters at all lacks them all.
+    widened = replace(second, options={"kernel_size": replace(second.options["channels"], default=3),
+                                       **second.options})
+    with pytest.raises(CheckpointError, match=r"^old.ckpt: trained by another recipe \(a model without --kernel-size"):
+        check_trained_by({"run_record": {"config": {}}}, Path("old.ckpt"), widened)
     check_trained_by({"hyper_parameters": {"channels": [8, 16]}}, Path("own.ckpt"), second)
     check_trained_by({"hyper_parameters": {}, "run_record": {"module": "tests.second_recipe.model:LitCNN"}},
                      Path("own.ckpt"), second)

@@ -98,7 +98,9 @@ def test_a_moved_run_folder_resumes_with_its_checkpoint_callbacks_paths_moved_al
              "best_k_models": {f"{before}/best-acc0.90.ckpt": 0.9, "/elsewhere/kept.ckpt": 0.5},
              "kth_best_model_path": f"{before}/best-acc0.90.ckpt", "monitor": "val/acc", "last_model_path": ""}
     foreign = {**state, "best_model_path": f"{before}/best-acc0.80.ckpt"}  # its best is not in the new folder
-    checkpoint = {"callbacks": {"ModelCheckpoint": dict(state), "Other": dict(foreign), "Counter": 3}}
+    # The states passed over come first: each is passed over alone, the one after it still moved.
+    checkpoint = {"callbacks": {"Counter": 3, "EarlyStopping": {"wait_count": 2}, "Other": dict(foreign),
+                                "ModelCheckpoint": dict(state)}}
     trainer = SimpleNamespace(checkpoint_callbacks=[SimpleNamespace(), SimpleNamespace(dirpath=here)])
     RunRecord(None, 1).on_load_checkpoint(trainer, None, checkpoint)
     moved = checkpoint["callbacks"]["ModelCheckpoint"]
@@ -107,6 +109,102 @@ def test_a_moved_run_folder_resumes_with_its_checkpoint_callbacks_paths_moved_al
     assert moved["best_k_models"] == {f"{here}/best-acc0.90.ckpt": 0.9, "/elsewhere/kept.ckpt": 0.5}
     assert moved["monitor"] == "val/acc" and moved["last_model_path"] == ""
     assert checkpoint["callbacks"]["Other"] == foreign and checkpoint["callbacks"]["Counter"] == 3
+    assert checkpoint["callbacks"]["EarlyStopping"] == {"wait_count": 2}
     unmoved = {"callbacks": {"ModelCheckpoint": dict(state)}}
     RunRecord(None, 1).on_load_checkpoint(SimpleNamespace(checkpoint_callbacks=[]), None, unmoved)
     assert unmoved["callbacks"]["ModelCheckpoint"] == state  # nowhere to move them to: Lightning's own paths
+
+
+def a_checkpoint(path: Path, **fields) -> Path:
+    """A checkpoint file as read before any model is built: weights, hyperparameters and what else ``fields`` say."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"model.0.weight": torch.zeros(2, 2)}, "hyper_parameters": {}, **fields}, path)
+    return path
+
+
+def test_a_schedule_of_another_length_is_refused_with_both_lengths_and_the_way_on():
+    from project.reliability.resume import check_schedule_length
+
+    check_schedule_length(120, 120)
+    with pytest.raises(UserError) as refused:
+        check_schedule_length(100, 120)
+    assert str(refused.value) == ("the checkpoint's LR schedule spans 100 steps but these settings give 120; resume "
+                                  "with the settings it was trained with, or start a new run from its weights with "
+                                  "--init-from")
+
+
+def test_a_checkpoint_from_before_run_records_is_read_by_its_hyperparameters(tmp_path):
+    """Written before checkpoints recorded their run: its settings are the hyperparameters that name a setting
+    or an option; the resume adopts them as it would a record's, and one without hyperparameters gives none."""
+    from project.reliability.resume import _trained_with, adopt_run_settings
+
+    recipe = tiny_recipe()
+    config = RunConfig.for_recipe(recipe, logdir=str(tmp_path))
+    older = {"hyper_parameters": {"lr": 0.3, "hidden": [4], "module_note": "x"}, "run_record": {}}
+    assert _trained_with(older, config) == {"lr": 0.3, "hidden": [4]}
+    assert _trained_with({"run_record": {}}, config) == {}
+    path = a_checkpoint(tmp_path / "old" / "last.ckpt", hyper_parameters={"lr": 0.3, "hidden": [4]})
+    adopted = adopt_run_settings(config.replace(resume=str(path)), (), recipe)
+    assert (adopted.lr, adopted.options["hidden"]) == (0.3, [4])
+
+
+@pytest.mark.parametrize("flag", ["resume", "init_from"])
+def test_another_recipes_checkpoint_is_refused_by_its_path_before_its_settings_are_read(tmp_path, flag):
+    from project.errors import CheckpointError
+    from project.reliability.resume import adopt_run_settings, initial_weights
+
+    recipe = tiny_recipe()
+    path = a_checkpoint(tmp_path / "other.ckpt", run_record={"module": "elsewhere.model:Other", "config": {}})
+    config = RunConfig.for_recipe(recipe, logdir=str(tmp_path), **{flag: str(path)})
+    with pytest.raises(CheckpointError, match=f"^{path}: trained by another recipe \\(elsewhere.model:Other\\)"):
+        (adopt_run_settings(config, (), recipe) if flag == "resume" else initial_weights(config, recipe))
+
+
+def test_init_from_last_looks_for_the_newest_run_of_this_name_and_says_so_with_its_flag(tmp_path):
+    from project.errors import UsageError
+    from project.reliability.resume import initial_weights
+
+    recipe = tiny_recipe()
+    a_checkpoint(tmp_path / "logs" / "other" / "version_0" / "checkpoints" / "last.ckpt")
+    config = RunConfig.for_recipe(recipe, logdir=str(tmp_path / "logs"), name="tiny", init_from="last")
+    with pytest.raises(UsageError, match=f"^--init-from last: .*{tmp_path / 'logs' / 'tiny'}"):
+        initial_weights(config, recipe)
+
+
+def test_a_run_that_recorded_no_settings_continues_in_its_folder_by_its_path(tmp_path):
+    from project.reliability.resume import _folder_settings
+
+    folder = tmp_path / "logs" / "tiny" / "version_3"
+    resume = resume_of({}, path=folder / "checkpoints" / "last.ckpt")
+    assert _folder_settings(folder, resume) == {"logdir": str(tmp_path / "logs"), "name": "tiny",
+                                                "run_version": "version_3"}
+
+
+class Unfitting:
+    def __init__(self, said: str) -> None:
+        self.said = said
+
+    def load_state_dict(self, weights):
+        raise RuntimeError(self.said)
+
+
+@pytest.mark.parametrize(("said", "detail"), [
+    ("Error(s) in loading state_dict for LitTiny:\n\tsize mismatch for model.0.weight: copying a param with shape "
+     "[4, 16]", "size mismatch for model.0.weight: copying a param with shape [4, 16]"),
+    ("Error(s) in loading state_dict for LitTiny:\n\tMissing key(s) in state_dict: \"model.3.weight\"",
+     "Missing key(s) in state_dict: \"model.3.weight\""),
+    ("weights on another device\nsecond line", "weights on another device"),
+])
+@pytest.mark.parametrize(("options", "hint"), [({"hidden_size": 8, "widths": [4]}, " (--hidden-size, --widths)"),
+                                               ({}, "")])
+def test_weights_that_do_not_fit_are_refused_naming_why_and_the_model_flags(monkeypatch, said, detail, options, hint):
+    from project.reliability import resume
+
+    monkeypatch.setattr(resume, "initial_weights", lambda config, recipe: {"model.0.weight": None})
+    config = RunConfig(init_from="old.ckpt", options=options)
+    with pytest.raises(UserError) as refused:
+        resume.load_initial_weights(Unfitting(said), config, tiny_recipe())
+    assert str(refused.value) == (f"--init-from old.ckpt: its weights do not fit this model ({detail}); use the "
+                                  f"model settings it was trained with{hint}")

@@ -9,10 +9,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from helpers import make_tiny_data, tiny_config, train
 from project.config.schema import RunConfig
-from project.errors import Terminated, UsageError
+from project.errors import NonFiniteLossError, Terminated, UsageError
 from project.reliability import run_folder
 from project.reliability.run_folder import RunFolder
 
@@ -97,3 +98,29 @@ def test_each_checkpoint_records_its_run_and_run_json_its_step_and_best(data, tm
     best = Path(result.best_checkpoint)
     assert (noted["step"], noted["best_checkpoint"]) == (14, best.name) and best.is_file()
     assert noted["best_score"] == pytest.approx(result.best_val) and 0 < noted["best_score"] <= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("started_at", [None, 5, 8])
+@pytest.mark.parametrize("exception", [RuntimeError("a bug"), KeyboardInterrupt(), OSError(28, "disk full"),
+                                       NonFiniteLossError("diverged"), SIGTERMException()],
+                         ids=["crash", "ctrl-c", "failed-write", "diverged", "sigterm"])
+def test_last_ckpt_is_written_once_more_on_an_exception_only_where_it_adds_something_safe(monkeypatch, world_size,
+                                                                                         started_at, exception):
+    """The rule in ``LastCheckpoint``'s docstring, against every case: not for broken weights or a write that failed,
+    not when nothing was trained since the start, and under DDP only on SIGTERM (every rank at the same step)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from project.reliability.checkpointing import LastCheckpoint
+
+    saved = []
+    monkeypatch.setattr(ModelCheckpoint, "on_exception", lambda self, *args: saved.append(args))
+    last = LastCheckpoint()
+    last._started_at = started_at
+    trainer, module = SimpleNamespace(global_step=8, world_size=world_size), object()
+    last.on_exception(trainer, module, exception)
+    expected = (not isinstance(exception, (NonFiniteLossError, OSError)) and started_at == 5
+                and (world_size == 1 or isinstance(exception, SIGTERMException)))
+    assert saved == ([(trainer, module, exception)] if expected else [])

@@ -14,6 +14,15 @@ from project.errors import Terminated
 from project.reliability.stops import StopSignals
 
 
+@pytest.fixture(autouse=True)
+def exit_raises(monkeypatch):
+    """``os._exit`` raises instead, so a handler that exits when it should not fails its test, not the session."""
+    def exit_now(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+
+
 @pytest.fixture
 def outside_slurm(monkeypatch):
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
@@ -49,11 +58,7 @@ def test_no_signal_no_stop_and_an_unnamed_one_reads_as_a_signal():
     assert signals.name() == "a signal"
 
 
-def test_a_second_ctrl_c_stops_at_once_with_ctrl_cs_status(monkeypatch, capsys):
-    def exit_now(status):
-        raise SystemExit(status)
-
-    monkeypatch.setattr(os, "_exit", exit_now)
+def test_a_second_ctrl_c_stops_at_once_with_ctrl_cs_status(capsys):
     assert noted(signal.SIGTERM, signal.SIGINT).received == signal.SIGTERM  # after another signal: waits for it
     signals = noted(signal.SIGINT)
     with pytest.raises(SystemExit) as stopped:
@@ -95,6 +100,17 @@ def test_a_requeue_slurm_refuses_is_an_error_naming_why(tmp_path, monkeypatch, o
     assert "(scontrol is not on PATH here)" in str(noted(signal.SIGUSR1).terminated("after step 7"))
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_in_a_slurm_job_only_the_time_limit_warning_requeues(tmp_path, monkeypatch, capsys, outside_slurm, signum):
+    """A SIGTERM (scancel, preemption), a Ctrl-C or a lost terminal stops the job; only SIGUSR1 asks for more time."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    fake_scontrol(tmp_path, 0)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    stop = noted(signum).terminated("after step 7: continue with --resume last")
+    assert str(stop) == f"stopped by {noted(signum).name()} after step 7: continue with --resume last"
+    assert not (tmp_path / "asked").exists() and capsys.readouterr().err == ""
+
+
 def test_only_rank_zero_requeues(monkeypatch, outside_slurm):
     from project import internals
 
@@ -112,3 +128,26 @@ def test_the_stop_line_says_where_the_run_stopped_and_how_to_go_on():
                                            "--resume last")
     stopper.stopped_at = 0  # a step count, not "none yet"
     assert stopper.where(resumed=False) == "after step 0; last.ckpt holds that step: continue with --resume last"
+
+
+@pytest.mark.parametrize(("here", "elsewhere", "stops"), [(False, 0, False), (True, 0, True), (False, 1, True),
+                                                          (True, 1, True)])
+def test_ranks_stop_together_when_any_of_them_saw_a_signal(monkeypatch, here, elsewhere, stops):
+    """The ranks' flags meet in an all-reduce (MAX); a rank that saw nothing stops as on SIGTERM. The other ranks
+    stand in as the value they bring (two real ranks: test_faults.py)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from project.reliability.stops import StopAtSafePoints
+
+    def all_reduce(flag, op):
+        assert op == torch.distributed.ReduceOp.MAX and flag.device == torch.device("cpu")
+        assert flag.tolist() == [int(here)]
+        flag.copy_(torch.maximum(flag, torch.tensor([elsewhere])))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    signals = noted(signal.SIGHUP) if here else StopSignals()
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    assert StopAtSafePoints(signals)._agreed(trainer) is stops
+    assert signals.received == ({True: signal.SIGHUP, False: signal.SIGTERM if stops else None}[here])

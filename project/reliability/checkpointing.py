@@ -166,11 +166,6 @@ class RunRecord(Callback):
                 elif isinstance(value, dict):
                     state[key] = {(here + k[len(before):] if k.startswith(before) else k): v for k, v in value.items()}
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        if trainer.global_step % trainer.log_every_n_steps == 0:  # the step before was logged (after its hooks)
-            self._flush(trainer)
-
     def _flush(self, trainer: L.Trainer) -> None:
         for logger in trainer.loggers:
             logger.save()
