@@ -195,7 +195,11 @@ class Unfitting:
      "[4, 16]", "size mismatch for model.0.weight: copying a param with shape [4, 16]"),
     ("Error(s) in loading state_dict for LitTiny:\n\tMissing key(s) in state_dict: \"model.3.weight\"",
      "Missing key(s) in state_dict: \"model.3.weight\""),
+    ("Error(s) in loading state_dict for LitTiny:\n\tUnexpected key(s) in state_dict: \"model.9.bias\"",
+     "Unexpected key(s) in state_dict: \"model.9.bias\""),
     ("weights on another device\nsecond line", "weights on another device"),
+    ("Error(s) in loading state_dict:\n\tsize mismatch for " + "model.0.weight" * 20, ("size mismatch for " +
+                                                                                   "model.0.weight" * 20)[:140]),
 ])
 @pytest.mark.parametrize(("options", "hint"), [({"hidden_size": 8, "widths": [4]}, " (--hidden-size, --widths)"),
                                                ({}, "")])

@@ -117,6 +117,8 @@ def test_last_ckpt_is_written_once_more_on_an_exception_only_where_it_adds_somet
 
     saved = []
     monkeypatch.setattr(ModelCheckpoint, "on_exception", lambda self, *args: saved.append(args))
+    LastCheckpoint().on_exception(SimpleNamespace(global_step=8, world_size=1), object(), exception)
+    assert saved == []  # training never started: nothing trained to save
     last = LastCheckpoint()
     last._started_at = started_at
     trainer, module = SimpleNamespace(global_step=8, world_size=world_size), object()
