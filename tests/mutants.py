@@ -431,6 +431,10 @@ MUTANTS = (
            "scale it again", 'project/training/run.py', 'record.config = trained', 'record.config = config',
            ("tests/test_gpu_toolkit.py::test_a_scaled_lr_is_recorded_as_trained_so_its_config_and_its_resume_do_not_"
             "scale_it_again",)),
+    Mutant('resumed-bar-counts-from-the-resume', "a run resumed mid-epoch counts its bar from the epoch's start",
+           'project/training/steps_per_call.py',
+           '            self.on_train_epoch_start(trainer, pl_module)\n', '            pass\n',
+           ("tests/test_steps_per_call.py::test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start",)),
 )
 
 

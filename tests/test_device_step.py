@@ -201,6 +201,30 @@ def test_a_step_whose_gradients_overflow_changes_nothing_but_the_loss_scale():
     assert not torch.equal(before[0], module.model[1].weight)
 
 
+def test_a_snapshot_brings_back_every_tensor_a_step_changes():
+    """A capture warms the step up on the run's own tensors, then puts them back: the weights, the momentum, the
+    loss scale and its growth counter, the schedule's place and the accuracy counted in place."""
+    module, optimizer, scheduler = setup(network(), {"momentum": 0.9}, "onecycle")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=2)
+    step = DeviceStep(module, optimizer, scheduler, scaler, 0, STEPS)
+    images, targets = batches()
+    step(images[0], targets[0])
+
+    def state() -> list[torch.Tensor]:
+        buffers = [b for s in optimizer.state.values() for b in s.values() if torch.is_tensor(b)]
+        counters = [step.scale, step.growth, step.index, module.train_acc.correct, module.train_acc.total]
+        return [t.detach().clone() for t in (*module.parameters(), *buffers, *counters)]
+
+    before = state()
+    saved = step.snapshot()
+    for x, y in zip(images[1:4], targets[1:4], strict=True):
+        step(x, y)
+    moved = [not torch.equal(a, b) for a, b in zip(before, state(), strict=True)]
+    assert all(moved[:8]) and all(moved[-5:])  # weights, momentum and every counter changed
+    step.restore(saved)
+    assert all(torch.equal(a, b) for a, b in zip(before, state(), strict=True))
+
+
 def test_what_cannot_be_a_device_step_is_said_in_one_line():
     module = ClassifierModule(network(), num_classes=4)
     adam = torch.optim.Adam(module.parameters(), lr=0.01)  # not capturable, a Python LR

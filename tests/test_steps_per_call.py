@@ -227,6 +227,34 @@ def test_the_progress_bar_counts_optimizer_steps_and_shows_the_logged_loss(data,
     assert "train/loss=" in seen.postfix  # the value logged at the last logging step
 
 
+def test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start(data, tmp_path):
+    """Resumed 8 steps into its second epoch, the bar counts that epoch's 17 steps, not 17 from the resume."""
+    write_tiny_checkpoints = run(data, tmp_path / "first", 1, checkpoint_every_n_steps=5, log_every_n_steps=50)
+    assert write_tiny_checkpoints[1]["global_step"] == 34
+    seen = BarSeen()
+    train(tiny_config(data, tmp_path / "resumed", steps_per_call=4, max_epochs=2, log_every_n_steps=50,
+                      resume=str(tmp_path / "first" / "every5" / "step=25.ckpt"),
+                      trainer={"enable_progress_bar": True}), callbacks=[seen], test=False)
+    assert seen.counts == [(17, 17)]
+
+
+def test_the_steps_per_call_line_says_k_and_why():
+    from project.hardware.device_step import StepMode
+    from project.training.steps_per_call import StepsTaken
+
+    def line(planned: StepsPerCall, k: int, step_seconds: float | None = None) -> str:
+        return StepsTaken(planned, k, step_seconds, StepMode.OFF, "").describe_k()
+
+    assert line(StepsPerCall(8, "as asked"), 8) == "as asked"
+    timed = StepsPerCall(4, "a step's math takes 0.1 ms", auto=True)
+    assert line(timed, 4) == "auto: a step's math takes 0.1 ms"
+    assert line(timed, 16) == "auto: a step's math takes 0.1 ms; 4 at first, then 16 as the run timed its own steps"
+    captured = StepsPerCall(64, "the most, until the capture times a step", auto=True, until_captured=True)
+    assert line(captured, 64, 0.00123) == ("auto: a captured step takes 1.230 ms, Lightning's per-step cost about "
+                                           "1.0 ms")
+    assert line(captured, 64) == "auto: 64, the most (no step was captured)"
+
+
 PLANS = [  # train size, batch, epochs, --trainer.* settings
     (100, 32, 2, {}),
     (96, 32, 3, {"accumulate_grad_batches": 2}),

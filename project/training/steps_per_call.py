@@ -410,7 +410,7 @@ class StepProgressBar(LoggedLossBar):
     def __init__(self, steps_per_epoch: int, refresh_rate: int = 25) -> None:
         super().__init__(refresh_rate=refresh_rate)
         self.steps_per_epoch = steps_per_epoch
-        self._epoch_start = 0
+        self._epoch_start: int | None = None  # the global step the bar's epoch began at
 
     @property
     def total_train_batches(self) -> int:
@@ -420,10 +420,15 @@ class StepProgressBar(LoggedLossBar):
         super().on_train_epoch_start(trainer, *args)
         self._epoch_start = trainer.global_step - trainer.global_step % self.steps_per_epoch
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._epoch_start is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start for that epoch
+            self.on_train_epoch_start(trainer, pl_module)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.remember_logged_loss(trainer)
-        done = trainer.global_step - self._epoch_start
+        done = trainer.global_step - (self._epoch_start or 0)
         bar = self.train_progress_bar
         if done == self.steps_per_epoch or done // self.refresh_rate > bar.n // self.refresh_rate:
             bar.n = done
