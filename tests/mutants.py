@@ -435,6 +435,10 @@ MUTANTS = (
            'project/training/steps_per_call.py',
            '            self.on_train_epoch_start(trainer, pl_module)\n', '            pass\n',
            ("tests/test_steps_per_call.py::test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start",)),
+    Mutant('k1-resume-counts-groups-as-steps', "a run resumed with one step per call from a checkpoint written with "
+           "several still validates at its epoch's end", 'project/training/steps_per_call.py',
+           'counts[key] += shift', 'counts[key] += 0',
+           ("tests/test_steps_per_call.py::test_resuming_mid_epoch_gives_the_uninterrupted_state",)),
 )
 
 

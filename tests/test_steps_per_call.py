@@ -27,12 +27,23 @@ def data(tmp_path_factory):
     return make_tiny_data(tmp_path_factory.mktemp("spc") / "data", n_train=560, n_test=40)
 
 
-def run(data, folder, steps_per_call, **settings):
+def run(data, folder, steps_per_call, callbacks=(), **settings):
     every_5 = ModelCheckpoint(dirpath=folder / "every5", filename="{step}", every_n_train_steps=5, save_top_k=-1)
     settings = {"max_epochs": 2, **settings}
     result = train(tiny_config(data, folder, steps_per_call=steps_per_call, **settings),
-                   callbacks=[every_5] if settings.get("checkpoint_every_n_steps") else [])
+                   callbacks=[*callbacks, *([every_5] if settings.get("checkpoint_every_n_steps") else [])])
     return result, torch.load(result.last_checkpoint, weights_only=True)
+
+
+class Validations(L.Callback):
+    """The epochs whose end was validated (the sanity check aside)."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.epochs.append(trainer.current_epoch)
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
@@ -149,9 +160,11 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, writte
     middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
     assert torch.load(middle, weights_only=True)["TinyDataModule"] == {"epoch": 1, "samples_done": 8 * 32,
                                                                          "world_size": 1}
+    validations = Validations()
     _, resumed = run(data, tmp_path / "resumed", k, checkpoint_every_n_steps=5, log_every_n_steps=50,
-                     resume=str(middle))
+                     resume=str(middle), callbacks=[validations])
     assert_same_training_state(uninterrupted, resumed)
+    assert validations.epochs == [1]  # the resumed epoch still ends with its validation, whichever K counted it
 
 
 @pytest.mark.parametrize(("written_with", "k"), [(1, 8), (8, 8), (8, 1)])
