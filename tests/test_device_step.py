@@ -295,9 +295,13 @@ def run(data, folder, **settings):
     return result, torch.load(result.last_checkpoint, weights_only=True)
 
 
-def test_a_run_through_the_device_step_resumes_mid_epoch_bitwise(data, tmp_path):
+def test_a_run_through_the_device_step_resumes_mid_epoch_bitwise(data, tmp_path, monkeypatch):
+    taken = []
+    device_step = DeviceStep.__call__
+    monkeypatch.setattr(DeviceStep, "__call__", lambda step, *batch: (taken.append(1), device_step(step, *batch))[1])
     full, uninterrupted = run(data, tmp_path / "full")
     assert full.steps.mode is StepMode.DEVICE and full.optimizer_steps == 34
+    assert len(taken) == 34  # every optimizer step went through the device step
     middle = tmp_path / "full" / "every5" / "step=25.ckpt"  # epoch 1, 8 steps into it
     _, resumed = run(data, tmp_path / "resumed", resume=str(middle))
     assert_same_training_state(uninterrupted, resumed)

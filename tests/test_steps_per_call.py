@@ -154,6 +154,33 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
         choose_steps_per_call(RunConfig(steps_per_call=8, trainer={"limit_train_batches": 1}), 1, cpu)  # one batch
 
 
+@pytest.mark.parametrize(("settings", "world_size", "per_sample", "why"), [
+    ({}, 2, False, "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"),
+    ({"strategy": "fsdp"}, 1, False, "--strategy fsdp wraps the model's forward, and a Lightning step must be one "
+                                     "forward and backward of it"),
+    ({"fast_dev_run": True}, 1, False, "--fast-dev-run runs one batch per stage"),
+    ({"find_lr": True}, 1, False, "the tuners drive Lightning's own loop"),
+    ({}, 1, True, "the recipe reads its samples one by one from load_samples: a batch per Lightning step"),
+    ({"trainer": {"max_steps": 10}}, 1, False, "--trainer.max_steps counts Lightning steps"),
+])
+def test_each_reason_for_one_step_per_call_is_said_whole_and_refuses_even_two(settings, world_size, per_sample, why):
+    from types import SimpleNamespace
+
+    cpu, datamodule = torch.device("cpu"), SimpleNamespace(per_sample=per_sample)
+    assert choose_steps_per_call(RunConfig(**settings), world_size, cpu, datamodule) == StepsPerCall(1, why, auto=True)
+    with pytest.raises(UsageError) as refused:
+        choose_steps_per_call(RunConfig(steps_per_call=2, **settings), world_size, cpu, datamodule)
+    assert str(refused.value) == f"--steps-per-call 2: not possible here ({why}); use --steps-per-call 1 or auto"
+
+
+@pytest.mark.parametrize(("log_every", "k"), [(50, 50), (48, 48), (7, 7), (128, 64)])
+def test_steps_a_cuda_graph_will_capture_start_at_the_largest_k_and_are_timed_after_the_capture(log_every, k):
+    """No eager probe on the GPU where a capture will time the step itself: K starts at the most (the divisor of the
+    logging interval nearest 64), to be set from the captured step's time."""
+    chosen = choose_steps_per_call(RunConfig(log_every_n_steps=log_every), 1, torch.device("cuda"))
+    assert chosen == StepsPerCall(k, "from the captured step's time", auto=True, until_captured=True)
+
+
 @pytest.mark.parametrize(("written_with", "k"), [(1, 1), (1, 8), (8, 1)])
 def test_resuming_mid_epoch_gives_the_uninterrupted_state(data, tmp_path, written_with, k):
     _, uninterrupted = run(data, tmp_path / "full", written_with, checkpoint_every_n_steps=5, log_every_n_steps=50)
