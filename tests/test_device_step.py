@@ -225,6 +225,16 @@ def test_a_snapshot_brings_back_every_tensor_a_step_changes():
     assert all(torch.equal(a, b) for a, b in zip(before, state(), strict=True))
 
 
+@pytest.mark.parametrize(("settings", "k", "plan"), [
+    ({}, 2, (StepMode.GRAPHS, "each optimizer step replayed from one capture")),
+    ({}, 1, (StepMode.OFF, "--steps-per-call 1: a graph replays the steps of a group")),
+    ({"compile": "default"}, 8, (StepMode.OFF, "--compile makes its own graphs")),
+    ({"detect_anomaly": True}, 8, (StepMode.OFF, "--detect-anomaly checks every backward on the host")),
+])
+def test_a_gpu_run_left_to_auto_is_captured_from_two_steps_per_call_or_says_why_not(settings, k, plan):
+    assert capture_plan(RunConfig(cuda_graphs="auto", **settings), "cuda", k) == plan
+
+
 def test_what_cannot_be_a_device_step_is_said_in_one_line():
     module = ClassifierModule(network(), num_classes=4)
     adam = torch.optim.Adam(module.parameters(), lr=0.01)  # not capturable, a Python LR
