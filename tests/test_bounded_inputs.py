@@ -4,6 +4,7 @@ cannot be written, a reader that goes away, a model too large, damaged logs and 
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -175,19 +176,20 @@ def test_a_save_that_fails_in_torchs_writer_is_a_write_error(tmp_path, monkeypat
 @pytest.mark.parametrize("said", ["[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing "
                                   "file data/0: file write failed",
                                   "[enforce fail at inline_container.cc:614] . unexpected pos 64 vs 0"])
-@pytest.mark.parametrize(("limit", "free", "meaning"), [
-    (200_000, 1 << 30, "File too large: this process may write files of at most 200,000 bytes"),
-    (150_000 + (1 << 16), 1 << 30, "File too large: this process may write files of at most 215,536 bytes"),
-    (150_000 + (1 << 16) + 1, 1 << 20, "write failed ([enforce fail at inline_container.cc:"),
-    (10_000_000, (1 << 20) - 1, "No space left on device"),
+@pytest.mark.parametrize(("limit", "free", "error", "meaning"), [
+    (200_000, 1 << 30, errno.EFBIG, "File too large: this process may write files of at most 200,000 bytes"),
+    (150_000 + (1 << 16), 1 << 30, errno.EFBIG, "File too large: this process may write files of at most 215,536 "
+                                                "bytes"),
+    (150_000 + (1 << 16) + 1, 1 << 20, errno.EIO, "write failed ([enforce fail at inline_container.cc:"),
+    (10_000_000, (1 << 20) - 1, errno.ENOSPC, "No space left on device"),
 ])
 def test_torchs_word_for_a_failed_write_is_read_as_the_failure_it_stands_for(tmp_path, monkeypatch, said, limit,
-                                                                             free, meaning):
+                                                                             free, error, meaning):
     """A write cut off 150,000 bytes in: within 64 KiB of the file size limit (``ulimit -f``) it is that limit,
     with less than 1 MiB free it is a full disk, otherwise torch's own words; the target is named either way."""
-    import errno
     import resource
     import shutil
+    from types import SimpleNamespace
 
     from project.reliability import checkpointing
 
@@ -196,13 +198,12 @@ def test_torchs_word_for_a_failed_write_is_read_as_the_failure_it_stands_for(tmp
         raise RuntimeError(said)
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
-    monkeypatch.setattr(shutil, "disk_usage", lambda where: shutil._ntuple_diskusage(1 << 40, (1 << 40) - free, free))
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: SimpleNamespace(free=free))
     monkeypatch.setattr(checkpointing.torch, "save", cut_off)
     target = tmp_path / "last.ckpt"
     with pytest.raises(OSError) as failed:
         checkpointing.atomic_save({"x": 1}, target)
-    expected = {"File": errno.EFBIG, "No": errno.ENOSPC, "write": errno.EIO}[meaning.split()[0]]
-    assert failed.value.errno == expected and failed.value.filename == str(target)
+    assert failed.value.errno == error and failed.value.filename == str(target)
     assert failed.value.strerror.startswith(meaning)
     assert list(tmp_path.iterdir()) == []
 

@@ -272,8 +272,8 @@ def test_the_progress_bar_counts_optimizer_steps_and_shows_the_logged_loss(data,
 
 def test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start(data, tmp_path):
     """Resumed 8 steps into its second epoch, the bar counts that epoch's 17 steps, not 17 from the resume."""
-    write_tiny_checkpoints = run(data, tmp_path / "first", 1, checkpoint_every_n_steps=5, log_every_n_steps=50)
-    assert write_tiny_checkpoints[1]["global_step"] == 34
+    _, first = run(data, tmp_path / "first", 1, checkpoint_every_n_steps=5, log_every_n_steps=50)
+    assert first["global_step"] == 34
     seen = BarSeen()
     train(tiny_config(data, tmp_path / "resumed", steps_per_call=4, max_epochs=2, log_every_n_steps=50,
                       resume=str(tmp_path / "first" / "every5" / "step=25.ckpt"),

@@ -100,14 +100,16 @@ def test_a_requeue_slurm_refuses_is_an_error_naming_why(tmp_path, monkeypatch, o
     assert "(scontrol is not on PATH here)" in str(noted(signal.SIGUSR1).terminated("after step 7"))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_in_a_slurm_job_only_the_time_limit_warning_requeues(tmp_path, monkeypatch, capsys, outside_slurm, signum):
+@pytest.mark.parametrize(("signum", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C"),
+                                            (signal.SIGHUP, "SIGHUP")])
+def test_in_a_slurm_job_only_the_time_limit_warning_requeues(tmp_path, monkeypatch, capsys, outside_slurm, signum,
+                                                             name):
     """A SIGTERM (scancel, preemption), a Ctrl-C or a lost terminal stops the job; only SIGUSR1 asks for more time."""
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     fake_scontrol(tmp_path, 0)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     stop = noted(signum).terminated("after step 7: continue with --resume last")
-    assert str(stop) == f"stopped by {noted(signum).name()} after step 7: continue with --resume last"
+    assert str(stop) == f"stopped by {name} after step 7: continue with --resume last"
     assert not (tmp_path / "asked").exists() and capsys.readouterr().err == ""
 
 

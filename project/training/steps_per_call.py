@@ -410,7 +410,7 @@ class StepProgressBar(LoggedLossBar):
     def __init__(self, steps_per_epoch: int, refresh_rate: int = 25) -> None:
         super().__init__(refresh_rate=refresh_rate)
         self.steps_per_epoch = steps_per_epoch
-        self._epoch_start: int | None = None  # the global step the bar's epoch began at
+        self._bar_epoch: int | None = None  # the epoch the bar was set up for
 
     @property
     def total_train_batches(self) -> int:
@@ -418,17 +418,17 @@ class StepProgressBar(LoggedLossBar):
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
         super().on_train_epoch_start(trainer, *args)
-        self._epoch_start = trainer.global_step - trainer.global_step % self.steps_per_epoch
+        self._bar_epoch = trainer.current_epoch
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        if self._epoch_start is None:  # resumed mid-epoch: Lightning calls no on_train_epoch_start for that epoch
+        if self._bar_epoch != trainer.current_epoch:  # resumed: Lightning calls no on_train_epoch_start there
             self.on_train_epoch_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.remember_logged_loss(trainer)
-        done = trainer.global_step - (self._epoch_start or 0)
+        done = trainer.global_step - trainer.current_epoch * self.steps_per_epoch
         bar = self.train_progress_bar
         if done == self.steps_per_epoch or done // self.refresh_rate > bar.n // self.refresh_rate:
             bar.n = done
