@@ -3,6 +3,8 @@ its own line (the broken variants are in ``tests/mutants.py``); a declared mean 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -223,3 +225,259 @@ def test_a_label_equal_to_num_classes_fails_the_labels_check_of_a_recipe_read_fr
     config = RunConfig.for_recipe(recipe, data_dir=str(data), logdir=str(tmp_path / "logs"), batch_size=16)
     found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
     assert found["labels"] is not None and "label 3, outside [0, 3)" in found["labels"], found
+
+
+# Each check's own line, in-process: the one a user reads, for a recipe that passes and for each bug it names.
+def test_each_check_says_what_it_found_in_its_own_words(tmp_path):
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3)
+    lines = [f.line() for f in check_recipe(config, tiny_recipe())]
+    assert lines[:8] == [
+        "ok    options: 1 option(s), each checking its own default",
+        "ok    inputs: 1x28x28 floating-point inputs in both splits",
+        "ok    augment: the recipe does not augment",
+        "ok    labels: every label in [0, 10), every class in the training split",
+        "ok    outputs: 10 outputs per input",
+        "ok    statistics: mean (0.16,) std (0.21,) as declared",  # measured; declared 0.30 is near enough
+        "ok    leakage: 0 test inputs also in training",
+        "ok    eval determinism: eval mode is deterministic and per input",
+    ]
+    assert lines[8] == "ok    fits one batch: 100% of one batch of 32 after 150 steps"
+    assert re.fullmatch(r"ok    learns: test/acc [01]\.\d{3} after 3 epochs \(chance 0\.100\)", lines[9]), lines[9]
+
+
+def test_a_datamodule_that_cannot_load_is_the_only_finding(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (found,) = check_recipe(tiny_config(tmp_path / "empty", tmp_path / "logs"), tiny_recipe())
+    assert (found.check, found.detail) == ("data", "")
+    assert found.line() == f"FAIL  data: the datamodule cannot load its data: {tmp_path / 'empty'}/tiny/train.pt: " \
+                           "no such file"
+
+
+def tensors_replaced(train=lambda pixels, labels: (pixels, labels), test=lambda pixels, labels: (pixels, labels)):
+    """A ``load_tensors`` that changes what the tests' recipe holds, per split (its pixels are in [0, 1])."""
+    def load_tensors(self, is_train):
+        pixels, labels = self._pixels(is_train)
+        return (train if is_train else test)(self.normalize(pixels), labels)
+    return load_tensors
+
+
+@pytest.mark.parametrize(("load_tensors", "check", "problem"), [
+    (tensors_replaced(train=lambda x, y: (x[:, :, :27], y)), "inputs",
+     "the train split yields inputs of shape (1, 27, 28), but input_shape is (1, 28, 28): make them agree"),
+    (tensors_replaced(test=lambda x, y: (x[:, :, :27], y)), "inputs",
+     "the test split yields inputs of shape (1, 27, 28), but input_shape is (1, 28, 28): make them agree"),
+    (tensors_replaced(test=lambda x, y: (x.to(torch.uint8), y)), "inputs",
+     "the test split yields torch.uint8 inputs: give floating-point pixels in [0, 1] (divide 8-bit images by 255)"),
+    (tensors_replaced(train=lambda x, y: (x, y.float())), "labels",
+     "the train split's labels are torch.float32: give class indices as integers"),
+    (tensors_replaced(train=lambda x, y: (x, y.clamp(max=7))), "labels",
+     "class(es) 8, 9 never occur in the training split of 200 samples: a model cannot learn them (num_classes 10 "
+     "too large, or a split that is not shuffled)"),
+], ids=["train-shape", "test-shape", "test-dtype", "float-labels", "absent"])
+def test_a_data_bug_is_named_by_its_check(tmp_path, monkeypatch, load_tensors, check, problem):
+    from tests.tiny_recipe.data import TinyDataModule
+
+    monkeypatch.setattr(TinyDataModule, "load_tensors", load_tensors)
+    found = {f.check: f for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
+                                               tiny_recipe(), learn=False)}
+    assert found[check].problem == problem, found[check]
+    assert found[check].line() == f"FAIL  {check}: {problem}"
+
+
+def in_eval_only(change):
+    """A forward that behaves in training and does ``change`` to its outputs in eval mode."""
+    return lambda self, x: self.model(x) if self.training else change(self.model(x))
+
+
+@pytest.mark.parametrize(("forward", "check", "problem"), [
+    (lambda self, x: self.model(x)[:, :9], "outputs", "the network gives outputs of shape (8, 9) for 8 inputs, but "
+     "the datamodule has 10 classes: make its last layer 10 wide"),
+    (lambda self, x: torch.nn.functional.dropout(self.model(x), 0.5, training=True), "eval determinism",
+     "in eval mode two passes over the same inputs differ: something random stays on (dropout called with "
+     "training=True?); use nn.Dropout, which eval() turns off"),
+    (lambda self, x: self.model(x - x.mean(0)), "eval determinism",
+     "in eval mode an input's output depends on the rest of its batch (batch statistics used in evaluation: "
+     "BatchNorm with track_running_stats=False?); evaluation must treat each input alone"),
+    (in_eval_only(lambda out: out.log()), "eval determinism",
+     "in eval mode the network gives NaN or infinite outputs (a division by zero, a log of 0, or weights a training "
+     "step made non-finite)"),
+], ids=["width", "dropout", "batch-statistics", "eval-nan"])
+def test_a_model_bug_is_named_by_its_check(tmp_path, monkeypatch, forward, check, problem):
+    from tests.tiny_recipe.model import LitTiny
+
+    monkeypatch.setattr(LitTiny, "forward", forward)
+    found = {f.check: f.problem for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
+                                                       tiny_recipe(), learn=False)}
+    assert found[check] == problem, found
+
+
+def test_a_model_that_ignores_its_inputs_and_test_labels_out_of_step_fail_the_training_checks(tmp_path, monkeypatch):
+    from tests.tiny_recipe.data import TinyDataModule
+    from tests.tiny_recipe.model import LitTiny
+
+    monkeypatch.setattr(LitTiny, "forward", lambda self, x: self.model(x * 0))  # the training step calls the MLP
+    monkeypatch.setattr(TinyDataModule, "load_tensors", tensors_replaced(test=lambda x, y: (x, y.roll(1))))
+    found = {f.check: f.problem for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs",
+                                                                  max_epochs=1), tiny_recipe())}
+    assert re.fullmatch(r"after 150 Adam steps on one batch of 32 training samples the model gets \d+% of them right: "
+                        r"it cannot learn \(inputs ignored, outputs detached, a loss that does not match the "
+                        r"outputs\?\)", found["fits one batch"]), found["fits one batch"]
+    assert re.fullmatch(r"a 1-epoch run ends at test/acc 0\.\d{3}, chance is 0\.100 \(needed 0\.35\): labels out of "
+                        r"step with their inputs, or the test split read differently from the training split\?",
+                        found["learns"]), found["learns"]
+
+
+def test_a_check_that_raises_is_one_line_naming_what_failed_before_it(tmp_path, monkeypatch):
+    from tests.tiny_recipe.model import LitTiny
+
+    def forward(self, x):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied\n(a second line)")
+
+    monkeypatch.setattr(LitTiny, "forward", forward)
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
+    found = {f.check: f for f in check_recipe(config, tiny_recipe(), learn=False)}
+    assert found["outputs"].line() == ("FAIL  outputs: the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
+                                       "multiplied")
+    assert found["eval determinism"].problem == ("the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
+                                                 "multiplied (after outputs failed: fix that first)")
+
+    def refused(self, x):
+        raise UsageError("--hidden 0: must be a positive integer")
+
+    monkeypatch.setattr(LitTiny, "forward", refused)  # the engine refusing what a check asked of it: the finding
+    found = {f.check: f for f in check_recipe(config, tiny_recipe(), learn=False)}
+    assert (found["outputs"].detail, found["outputs"].problem) == ("", "--hidden 0: must be a positive integer")
+
+
+def test_an_option_whose_check_reads_its_default_and_its_text_differently_is_a_finding(tmp_path):
+    import dataclasses
+
+    from project.contract import Option
+
+    recipe = dataclasses.replace(tiny_recipe(), options={"hidden_sizes": Option([128], lambda value: value, "widths")})
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
+    found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
+    assert found["options"] == ("--hidden-sizes: its check gives [128] for its default but '128' for the same typed "
+                                "on the command line (--hidden-sizes 128)")
+
+
+def shapes(tmp_path, monkeypatch, augment=None):
+    """The per-sample recipe read from PNG files (``tests.disk_recipe``), its ``augment`` replaced."""
+    from project.api import RunConfig, load_recipe
+    from tests.disk_recipe.data import ShapesDataModule, write_shapes
+
+    if augment is not None:
+        monkeypatch.setattr(ShapesDataModule, "augment", augment)
+    recipe = load_recipe("tests.disk_recipe")
+    config = RunConfig.for_recipe(recipe, data_dir=str(write_shapes(tmp_path / "data", train=60, test=15)),
+                                  logdir=str(tmp_path / "logs"), batch_size=16)
+    return {f.check: f for f in check_recipe(config, recipe, learn=False)}
+
+
+def test_a_recipe_read_per_sample_gets_every_check(tmp_path, monkeypatch):
+    lines = [f.line() for f in shapes(tmp_path, monkeypatch).values()]
+    assert lines[:5] == ["ok    options: 1 option(s), each checking its own default",
+                         "ok    inputs: 3x16x16 floating-point inputs in both splits",
+                         "ok    augment: keeps shape and dtype; draws only from its generator",
+                         "ok    labels: every label in [0, 3), every class in the training split",
+                         "ok    outputs: 3 outputs per input"]
+    assert all(line.startswith("ok") for line in lines), lines
+
+
+@pytest.mark.parametrize(("augment", "problem"), [
+    (lambda self, x, generator: x.flip(-1) if torch.rand(1).item() < 0.5 else x,
+     "augment draws randomness outside the generator it is given (the same generator seed gave other outputs): use "
+     "torch.rand(..., generator=generator), so that a resumed run sees the same samples"),
+    (lambda self, x, generator: x[:, :, 1:], "augment turns a (3, 16, 16) torch.float32 input into (3, 16, 15) "
+     "torch.float32: keep the shape and dtype"),
+    (lambda self, x, generator: x.double(), "augment turns a (3, 16, 16) torch.float32 input into (3, 16, 16) "
+     "torch.float64: keep the shape and dtype"),
+], ids=["global-randomness", "shape", "dtype"])
+def test_an_augment_bug_is_named_by_its_check(tmp_path, monkeypatch, augment, problem):
+    assert shapes(tmp_path, monkeypatch, augment)["augment"].problem == problem
+
+
+def test_the_cards_table_and_line_say_every_measurement():
+    sampled = card(sizes={"train": 1200, "val": 100, "test": 2000}, class_counts=[1000, 0, 2], sampled=1000,
+                   input_shape=(3, 8, 8), mean=(0.3, 0.3, 0.3), std=(0.2, 0.2, 0.2), declared_mean=(0.3,),
+                   declared_std=(0.2,), duplicates=1234)
+    assert sampled.markdown() == "\n".join([
+        "| | |", "|---|---|", "| splits | train 1,200, val 100, test 2,000 |", "| input shape | 3 x 8 x 8 |",
+        "| training samples per class | 0: 1,000, 1: 0, 2: 2 |",
+        "| pixel mean (measured / declared) | (0.30, 0.30, 0.30) / (0.30,) |",
+        "| pixel std (measured / declared) | (0.20, 0.20, 0.20) / (0.20,) |",
+        "| test inputs also in training | 1,234 |",
+        "| samples read per split | 1,000 |"])
+    assert sampled.line() == ("data: 1,200 train / 100 val / 2,000 test, inputs 3x8x8, 3 classes (2-1,000 each, 1 "
+                              "absent), pixel mean (0.30, 0.30, 0.30) std (0.20, 0.20, 0.20) (as declared), 1,234 test "
+                              "inputs also in training; statistics of 1,000 samples a split")
+    assert "| samples read per split |" not in card().markdown()
+    assert "3 classes (none, 3 absent)" in card(class_counts=[0, 0, 0]).line()
+    assert card(declared_mean=(0.70,)).line().endswith(
+        "pixel mean (0.30,) std (0.20,) (declared (0.70,) (0.20,)), 0 test inputs also in training")
+    assert card(declared_std=(0.50,)).line().endswith(
+        "pixel mean (0.30,) std (0.20,) (declared (0.30,) (0.50,)), 0 test inputs also in training")
+
+
+@pytest.mark.parametrize(("changes", "wrong"), [
+    (dict(mean=(0.1,), declared_mean=(0.0,)), False),  # exactly the tolerance apart (0.1): near enough
+    (dict(std=(0.25,), declared_std=(0.375,)), False),  # declared exactly 1.5 times the measured
+    (dict(std=(0.375,), declared_std=(0.25,)), False),  # and exactly 1 / 1.5 of it
+    (dict(std=(1e-6,), declared_std=(1e-6,)), False),  # the least spread that is not constant
+    (dict(pixel_range=(-0.02, 1.02)), False),  # at the edges of [0, 1] within rounding
+    (dict(mean=(0.3, 0.3, 0.3), std=(0.2, 0.2, 0.2)), False),  # one value declared for every channel
+])
+def test_statistics_at_the_edge_of_each_tolerance_pass(changes, wrong):
+    assert (card(**changes).statistics_problem() is not None) == wrong
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    (dict(std=(0.0,)), "Digits's training inputs are constant (pixel std (0.00,), mean (0.30,)): every input holds the "
+     "same values (all-zero images, or a failed read); fix the data before declaring statistics"),
+    (dict(declared_mean=(0.3, 0.3)), "Digits declares mean (0.30, 0.30) std (0.20,) for 1 channel(s): give one value "
+     "per channel, (0.30,) and (0.20,)"),
+    (dict(declared_std=(0.2, 0.2)), "Digits declares mean (0.30,) std (0.20, 0.20) for 1 channel(s): give one value "
+     "per channel, (0.30,) and (0.20,)"),
+    (dict(pixel_range=(-0.03, 1.0)), "Digits declares mean (0.30,) std (0.20,), but with that normalisation undone the "
+     "training inputs range over [-0.03, 1.00], not pixels in [0, 1]: its inputs are normalised with other numbers "
+     "than it declares (normalise with self.normalize, which uses the declared mean and std) or are not in [0, 1]"),
+    (dict(declared_mean=(0.0,), declared_std=(1.0,), held=((0.3,), (0.2,), (0.0, 1.0))),
+     "Digits declares mean (0.00,) std (1.00,), but the training split's pixels measure mean (0.30,) std (0.20,): set "
+     "mean = (0.30,), std = (0.20,) in the datamodule (normalisation and predict's polarity follow them)"),
+    (dict(declared_mean=(0.05,), declared_std=(1.0,), held=((0.3,), (0.2,), (-0.02, 1.02))),
+     "Digits declares mean (0.05,) std (1.00,), but the inputs it holds are pixels in [0, 1] (mean (0.30,) std "
+     "(0.20,)), not normalised: normalise them with self.normalize, which uses the declared mean and std"),
+], ids=["constant", "means-per-channel", "stds-per-channel", "range", "declared-identity", "near-identity"])
+def test_each_statistics_problem_is_said_whole(changes, problem):
+    assert card(**changes).statistics_problem() == problem
+
+
+def test_leakage_of_a_sampled_recipe_is_a_share_of_the_test_inputs_read():
+    assert card(sizes={"train": 5000, "val": 0, "test": 4000}, sampled=1000, duplicates=10).leakage_problem() is None
+    assert card(sizes={"train": 5000, "val": 0, "test": 4000}, sampled=1000, duplicates=11).leakage_problem() == (
+        "11 test inputs (1%) also occur in the training split: the test accuracy measures memory, not "
+        "generalisation; remove them from one of the splits")
+    assert card(sizes={"train": 5000, "val": 0, "test": 500}, sampled=1000, duplicates=6).leakage_problem() == (
+        "6 test inputs (1%) also occur in the training split: the test accuracy measures memory, not "
+        "generalisation; remove them from one of the splits")
+    assert "1 test inputs (100%)" in card(sizes={"train": 50, "val": 0, "test": 0}, duplicates=1).leakage_problem()
+
+
+def test_the_card_is_in_tensorboard_as_its_table(tmp_path):
+    train(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=1))
+    (run,) = {events.parent for events in (tmp_path / "logs").rglob("events.out.tfevents.*")}
+    text = event_accumulator(run).Tensors("run/data/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert text.startswith("| | |\n|---|---|\n| splits | train 200, val 40, test 80 |\n| input shape | 1 x 28 x 28 |\n")
+
+
+def test_a_split_read_per_sample_is_read_whole_or_spread_evenly():
+    from torch.utils.data import TensorDataset
+
+    from project.training.data_card import gather
+
+    samples = TensorDataset(torch.arange(10.0).view(10, 1), torch.arange(10))
+    spread = gather(None, samples, 4)
+    assert (spread.targets.tolist(), spread.normalised, spread.sampled) == ([0, 2, 5, 7], False, True)
+    whole = gather(None, samples, 10)
+    assert (whole.targets.tolist(), whole.sampled) == (list(range(10)), False)
+    assert gather(None, samples, None).inputs.flatten().tolist() == [float(i) for i in range(10)]

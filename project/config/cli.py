@@ -61,6 +61,11 @@ def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def _is_on_off(check: Any) -> bool:
+    """A setting checked by ``flag`` takes ``--x/--no-x``, also where the recipe's option wraps the check once."""
+    return any(candidate in (flag, flag_or_auto) for candidate in (check, getattr(check, "__wrapped__", None)))
+
+
 def build_parser(recipe: Recipe, prog: str = "train.py") -> OneLineParser:
     """Flags named after ``RunConfig`` fields and the recipe's options; defaults stay out of the namespace so a
     config file can set them."""
@@ -75,7 +80,7 @@ def build_parser(recipe: Recipe, prog: str = "train.py") -> OneLineParser:
         whose = ", the recipe's" if name in recipe.defaults else ""
         shown = "" if default is None or default is False else f" (default: {_shown(default)}{whose})"
         options: dict[str, Any] = {"help": (spec.help + shown).strip() or None}
-        if getattr(spec.check, "__wrapped__", spec.check) in (flag, flag_or_auto):
+        if _is_on_off(spec.check):
             options["action"] = argparse.BooleanOptionalAction
         else:
             options.update(type=argparse_type(spec.check), metavar=spec.metavar or name.upper())
