@@ -270,10 +270,15 @@ def tensors_replaced(train=lambda pixels, labels: (pixels, labels), test=lambda 
      "the test split yields torch.uint8 inputs: give floating-point pixels in [0, 1] (divide 8-bit images by 255)"),
     (tensors_replaced(train=lambda x, y: (x, y.float())), "labels",
      "the train split's labels are torch.float32: give class indices as integers"),
+    (tensors_replaced(test=lambda x, y: (x, y.double())), "labels",
+     "the test split's labels are torch.float64: give class indices as integers"),
     (tensors_replaced(train=lambda x, y: (x, y.clamp(max=7))), "labels",
      "class(es) 8, 9 never occur in the training split of 200 samples: a model cannot learn them (num_classes 10 "
      "too large, or a split that is not shuffled)"),
-], ids=["train-shape", "test-shape", "test-dtype", "float-labels", "absent"])
+    (tensors_replaced(train=lambda x, y: (x, y.clamp(max=3))), "labels",
+     "class(es) 4, 5, 6, 7, 8 never occur in the training split of 200 samples: a model cannot learn them "
+     "(num_classes 10 too large, or a split that is not shuffled)"),
+], ids=["train-shape", "test-shape", "test-dtype", "float-labels", "test-float-labels", "absent", "six-absent"])
 def test_a_data_bug_is_named_by_its_check(tmp_path, monkeypatch, load_tensors, check, problem):
     from tests.tiny_recipe.data import TinyDataModule
 
@@ -333,13 +338,17 @@ def test_a_check_that_raises_is_one_line_naming_what_failed_before_it(tmp_path, 
     def forward(self, x):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied\n(a second line)")
 
-    monkeypatch.setattr(LitTiny, "forward", forward)
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
-    found = {f.check: f for f in check_recipe(config, tiny_recipe(), learn=False)}
+    monkeypatch.setattr(LitTiny, "forward", forward)  # the training step calls the MLP: only a run learns
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=1)
+    found = {f.check: f for f in check_recipe(config, tiny_recipe())}
     assert found["outputs"].line() == ("FAIL  outputs: the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
                                        "multiplied")
     assert found["eval determinism"].problem == ("the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
                                                  "multiplied (after outputs failed: fix that first)")
+    assert found["fits one batch"].problem == ("the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
+                                               "multiplied (after outputs, eval determinism failed: fix that first)")
+    assert found["learns"].problem is None
+    assert not (tmp_path / "logs").exists()  # the checks' run writes in a folder of its own, removed after it
 
     def refused(self, x):
         raise UsageError("--hidden 0: must be a positive integer")
@@ -349,16 +358,47 @@ def test_a_check_that_raises_is_one_line_naming_what_failed_before_it(tmp_path, 
     assert (found["outputs"].detail, found["outputs"].problem) == ("", "--hidden 0: must be a positive integer")
 
 
-def test_an_option_whose_check_reads_its_default_and_its_text_differently_is_a_finding(tmp_path):
+@pytest.mark.parametrize(("default", "problem"), [
+    ([128, 64], "--hidden-sizes: its check gives [128, 64] for its default but '128,64' for the same typed on the "
+                "command line (--hidden-sizes 128,64)"),
+    (3, "--hidden-sizes: its check gives 3 for its default but '3' for the same typed on the command line "
+        "(--hidden-sizes 3)"),
+])
+def test_an_option_whose_check_reads_its_default_and_its_text_differently_is_a_finding(tmp_path, default, problem):
     import dataclasses
 
     from project.contract import Option
 
-    recipe = dataclasses.replace(tiny_recipe(), options={"hidden_sizes": Option([128], lambda value: value, "widths")})
+    recipe = dataclasses.replace(tiny_recipe(), options={"hidden_sizes": Option(default, lambda value: value, "w")})
     config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
     found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
-    assert found["options"] == ("--hidden-sizes: its check gives [128] for its default but '128' for the same typed "
-                                "on the command line (--hidden-sizes 128)")
+    assert found["options"] == problem
+
+
+@pytest.mark.parametrize(("rows", "softmax"), [
+    ([[0.0, 1.0], [1.0, 0.0]], True), ([[0.25, 0.7505], [0.5, 0.5]], True), ([[0.25, 0.76], [0.5, 0.5]], False),
+    ([[-0.5, 1.5], [0.5, 0.5]], False), ([[1.5, -0.5], [0.5, 0.5]], False), ([[0.2, 0.3], [0.1, 0.1]], False),
+    ([[-2.3, -0.1], [-0.7, -0.7]], False),
+], ids=["one-hot", "within-rounding", "off-by-a-hundredth", "negative", "above-one", "logits-in-0-1", "log-probs"])
+def test_probabilities_are_rows_in_0_1_that_sum_to_1(rows, softmax):
+    from project.training.recipe_checks import probabilities
+
+    assert probabilities(torch.tensor(rows)) is softmax
+
+
+def test_test_inputs_that_occur_in_training_fail_the_leakage_check(tmp_path, monkeypatch):
+    from tests.tiny_recipe.data import TinyDataModule
+
+    def load_tensors(self, train):
+        pixels, labels = self._pixels(True)  # the test split read from the training file
+        return self.normalize(pixels if train else pixels[:80]), labels if train else labels[:80]
+
+    monkeypatch.setattr(TinyDataModule, "load_tensors", load_tensors)
+    found = {f.check: f for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
+                                               tiny_recipe(), learn=False)}
+    assert re.fullmatch(r"FAIL  leakage: \d\d test inputs \(\d\d%\) also occur in the training split: the test "
+                        r"accuracy measures memory, not generalisation; remove them from one of the splits",
+                        found["leakage"].line()), found["leakage"].line()
 
 
 def shapes(tmp_path, monkeypatch, augment=None):
@@ -476,8 +516,8 @@ def test_a_split_read_per_sample_is_read_whole_or_spread_evenly():
     from project.training.data_card import gather
 
     samples = TensorDataset(torch.arange(10.0).view(10, 1), torch.arange(10))
-    spread = gather(None, samples, 4)
+    spread = gather(samples, 4)
     assert (spread.targets.tolist(), spread.normalised, spread.sampled) == ([0, 2, 5, 7], False, True)
-    whole = gather(None, samples, 10)
+    whole = gather(samples, 10)
     assert (whole.targets.tolist(), whole.sampled) == (list(range(10)), False)
-    assert gather(None, samples, None).inputs.flatten().tolist() == [float(i) for i in range(10)]
+    assert gather(samples, None).inputs.flatten().tolist() == [float(i) for i in range(10)]

@@ -161,7 +161,7 @@ class Split:
     sampled: bool  # only some samples were read
 
 
-def gather(datamodule: TensorDataModule, split: Dataset | None, limit: int | None = SAMPLED) -> Split:
+def gather(split: Dataset | None, limit: int | None = SAMPLED) -> Split:
     """A split whole when it is in memory, else up to ``limit`` samples spread evenly over it (reading files is the
     slow part of a per-sample recipe)."""
     samples = unaugmented(split)
@@ -216,7 +216,7 @@ def shared_inputs(train: torch.Tensor, test: torch.Tensor) -> int:
 
 def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
-    train, test = gather(datamodule, datamodule.train_set), gather(datamodule, datamodule.test_set)
+    train, test = gather(datamodule.train_set), gather(datamodule.test_set)
     (mean, std, pixel_range), held = pixel_statistics(datamodule, train)
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]

@@ -26,7 +26,7 @@ class Finding:
     """One check's outcome: ``problem`` is None when it passed, else the one line naming the bug and the fix."""
 
     check: str
-    detail: str
+    detail: str = ""  # what a passing check found
     problem: str | None = None
 
     def line(self) -> str:
@@ -53,7 +53,7 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
         datamodule.setup("fit")
         datamodule.setup("test")
     except DataError as err:
-        return [Finding("data", "", f"the datamodule cannot load its data: {err}")]
+        return [Finding("data", problem=f"the datamodule cannot load its data: {err}")]
     subject = Subject(datamodule, lambda: build_model(config, recipe), config, recipe)
     checks: list[Callable[[Subject], Finding]] = [check_options, check_inputs, check_augment, check_labels,
                                                   check_outputs, check_statistics, check_leakage,
@@ -65,12 +65,12 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
         try:
             subject.found.append(check(subject))
         except UserError as err:  # the engine refused what the check asked of it: that is the finding
-            subject.found.append(Finding(name, "", str(err)))
+            subject.found.append(Finding(name, problem=str(err)))
         except Exception as err:  # noqa: BLE001 - a broken recipe can raise anything; said in one line
             first = first_line(err)
             failed = [f.check for f in subject.found if f.problem]
             hint = f" (after {', '.join(failed)} failed: fix that first)" if failed else ""
-            subject.found.append(Finding(name, "", f"the recipe raised {type(err).__name__}: {first}{hint}"))
+            subject.found.append(Finding(name, problem=f"the recipe raised {type(err).__name__}: {first}{hint}"))
     return subject.found
 
 
@@ -88,13 +88,17 @@ def check_inputs(subject: Subject) -> Finding:
     datamodule = subject.datamodule
     shape = tuple(datamodule.input_shape)
     for name in ("train_set", "test_set"):
-        inputs = gather(datamodule, getattr(datamodule, name), 16).inputs
+        inputs = gather(getattr(datamodule, name), 16).inputs
         if tuple(inputs.shape[1:]) != shape:
-            return Finding("inputs", "", f"the {name.split('_')[0]} split yields inputs of shape "
-                           f"{tuple(inputs.shape[1:])}, but input_shape is {shape}: make them agree")
+            return Finding("inputs", problem=(
+                f"the {name.split('_')[0]} split yields inputs of shape "
+                f"{tuple(inputs.shape[1:])}, but input_shape is {shape}: make them agree"
+            ))
         if not inputs.is_floating_point():
-            return Finding("inputs", "", f"the {name.split('_')[0]} split yields {inputs.dtype} inputs: give "
-                           "floating-point pixels in [0, 1] (divide 8-bit images by 255)")
+            return Finding("inputs", problem=(
+                f"the {name.split('_')[0]} split yields {inputs.dtype} inputs: give "
+                "floating-point pixels in [0, 1] (divide 8-bit images by 255)"
+            ))
     return Finding("inputs", f"{'x'.join(map(str, shape))} floating-point inputs in both splits")
 
 
@@ -111,12 +115,16 @@ def check_augment(subject: Subject) -> Finding:
                          for i, x in enumerate(originals)])
     for original, first, second in zip(originals, *outcomes, strict=True):
         if first.shape != original.shape or first.dtype != original.dtype:
-            return Finding("augment", "", f"augment turns a {tuple(original.shape)} {original.dtype} input into "
-                           f"{tuple(first.shape)} {first.dtype}: keep the shape and dtype")
+            return Finding("augment", problem=(
+                f"augment turns a {tuple(original.shape)} {original.dtype} input into "
+                f"{tuple(first.shape)} {first.dtype}: keep the shape and dtype"
+            ))
         if not torch.equal(first, second):
-            return Finding("augment", "", "augment draws randomness outside the generator it is given (the same "
-                           "generator seed gave other outputs): use torch.rand(..., generator=generator), so that a "
-                           "resumed run sees the same samples")
+            return Finding("augment", problem=(
+                "augment draws randomness outside the generator it is given (the same "
+                "generator seed gave other outputs): use torch.rand(..., generator=generator), so that a "
+                "resumed run sees the same samples"
+            ))
     return Finding("augment", "keeps shape and dtype; draws only from its generator")
 
 
@@ -131,30 +139,38 @@ def check_options(subject: Subject) -> Finding:
         try:
             value, typed = recipe.checked_option(name)(option.default), recipe.checked_option(name)(text)
         except ValueError as err:
-            return Finding("options", "", f"{flag}: its check refuses its own default {text!r}: {err}")
+            return Finding("options", problem=f"{flag}: its check refuses its own default {text!r}: {err}")
         if value != typed:
-            return Finding("options", "", f"{flag}: its check gives {value!r} for its default but {typed!r} for the "
-                           f"same typed on the command line ({flag} {text})")
+            return Finding("options", problem=(
+                f"{flag}: its check gives {value!r} for its default but {typed!r} for the "
+                f"same typed on the command line ({flag} {text})"
+            ))
     return Finding("options", f"{len(recipe.options)} option(s), each checking its own default")
 
 
 def check_labels(subject: Subject) -> Finding:
     datamodule, classes = subject.datamodule, subject.datamodule.num_classes
     for name in ("train_set", "test_set"):
-        targets = gather(datamodule, getattr(datamodule, name), None).targets
+        targets = gather(getattr(datamodule, name), None).targets
         outside = targets[(targets < 0) | (targets >= classes)]
         if len(outside):
-            return Finding("labels", "", f"the {name.split('_')[0]} split has label {int(outside[0])}, outside "
-                           f"[0, {classes}): set num_classes to cover every label, or fix the labels")
+            return Finding("labels", problem=(
+                f"the {name.split('_')[0]} split has label {int(outside[0])}, outside "
+                f"[0, {classes}): set num_classes to cover every label, or fix the labels"
+            ))
         if targets.is_floating_point():
-            return Finding("labels", "", f"the {name.split('_')[0]} split's labels are {targets.dtype}: give class "
-                           "indices as integers")
-    targets = gather(datamodule, datamodule.train_set, None).targets
+            return Finding("labels", problem=(
+                f"the {name.split('_')[0]} split's labels are {targets.dtype}: give class "
+                "indices as integers"
+            ))
+    targets = gather(datamodule.train_set, None).targets
     absent = sorted(set(range(classes)) - set(targets.tolist()))
     if absent:
-        return Finding("labels", "", f"class(es) {', '.join(map(str, absent[:5]))} never occur in the training split "
-                       f"of {len(targets):,} samples: a model cannot learn them (num_classes {classes} too large, or a "
-                       "split that is not shuffled)")
+        return Finding("labels", problem=(
+            f"class(es) {', '.join(map(str, absent[:5]))} never occur in the training split "
+            f"of {len(targets):,} samples: a model cannot learn them (num_classes {classes} too large, or a "
+            "split that is not shuffled)"
+        ))
     return Finding("labels", f"every label in [0, {classes}), every class in the training split")
 
 
@@ -165,15 +181,21 @@ def check_outputs(subject: Subject) -> Finding:
         out = model(inputs)
     classes = subject.datamodule.num_classes
     if tuple(out.shape) != (len(inputs), classes):
-        return Finding("outputs", "", f"the network gives outputs of shape {tuple(out.shape)} for {len(inputs)} "
-                       f"inputs, but the datamodule has {classes} classes: make its last layer {classes} wide")
+        return Finding("outputs", problem=(
+            f"the network gives outputs of shape {tuple(out.shape)} for {len(inputs)} "
+            f"inputs, but the datamodule has {classes} classes: make its last layer {classes} wide"
+        ))
     if not bool(torch.isfinite(out).all()):
-        return Finding("outputs", "", "the freshly built network gives NaN or infinite outputs on training inputs: "
-                       "a division by zero, a log of 0 or an uninitialised weight in its forward")
+        return Finding("outputs", problem=(
+            "the freshly built network gives NaN or infinite outputs on training inputs: "
+            "a division by zero, a log of 0 or an uninitialised weight in its forward"
+        ))
     if probabilities(out):
-        return Finding("outputs", "", "the network's outputs are probabilities (each row in [0, 1], summing to 1: a "
-                       "softmax in its forward): the loss needs logits (cross_entropy applies log_softmax itself) or "
-                       "log-probabilities (nll_loss); drop the softmax, or end with log_softmax")
+        return Finding("outputs", problem=(
+            "the network's outputs are probabilities (each row in [0, 1], summing to 1: a "
+            "softmax in its forward): the loss needs logits (cross_entropy applies log_softmax itself) or "
+            "log-probabilities (nll_loss); drop the softmax, or end with log_softmax"
+        ))
     return Finding("outputs", f"{classes} outputs per input")
 
 
@@ -205,15 +227,21 @@ def check_eval_determinism(subject: Subject) -> Finding:
     with torch.no_grad():
         first, second, alone = model(inputs), model(inputs), model(inputs[:1])
     if not (torch.isfinite(first).all() and torch.isfinite(second).all()):
-        return Finding("eval determinism", "", "in eval mode the network gives NaN or infinite outputs (a division "
-                       "by zero, a log of 0, or weights a training step made non-finite)")
+        return Finding("eval determinism", problem=(
+            "in eval mode the network gives NaN or infinite outputs (a division "
+            "by zero, a log of 0, or weights a training step made non-finite)"
+        ))
     if not torch.equal(first, second):
-        return Finding("eval determinism", "", "in eval mode two passes over the same inputs differ: something "
-                       "random stays on (dropout called with training=True?); use nn.Dropout, which eval() turns off")
+        return Finding("eval determinism", problem=(
+            "in eval mode two passes over the same inputs differ: something "
+            "random stays on (dropout called with training=True?); use nn.Dropout, which eval() turns off"
+        ))
     if not torch.allclose(first[:1], alone, rtol=1e-4, atol=1e-5):
-        return Finding("eval determinism", "", "in eval mode an input's output depends on the rest of its batch "
-                       "(batch statistics used in evaluation: BatchNorm with track_running_stats=False?); "
-                       "evaluation must treat each input alone")
+        return Finding("eval determinism", problem=(
+            "in eval mode an input's output depends on the rest of its batch "
+            "(batch statistics used in evaluation: BatchNorm with track_running_stats=False?); "
+            "evaluation must treat each input alone"
+        ))
     return Finding("eval determinism", "eval mode is deterministic and per input")
 
 
@@ -232,9 +260,11 @@ def check_fits_one_batch(subject: Subject, steps: int = 150) -> Finding:
     with torch.no_grad():
         accuracy = float((module(inputs).argmax(1) == targets).float().mean())
     if accuracy < 0.9:
-        return Finding("fits one batch", "", f"after {steps} Adam steps on one batch of {len(inputs)} training "
-                       f"samples the model gets {accuracy:.0%} of them right: it cannot learn (inputs ignored, "
-                       "outputs detached, a loss that does not match the outputs?)")
+        return Finding("fits one batch", problem=(
+            f"after {steps} Adam steps on one batch of {len(inputs)} training "
+            f"samples the model gets {accuracy:.0%} of them right: it cannot learn (inputs ignored, "
+            "outputs detached, a loss that does not match the outputs?)"
+        ))
     return Finding("fits one batch", f"{accuracy:.0%} of one batch of {len(inputs)} after {steps} steps")
 
 
@@ -252,7 +282,9 @@ def check_learns(subject: Subject) -> Finding:
     accuracy = float(result.test_metrics["test/acc"])
     epochs = config.max_epochs
     if accuracy < needed:
-        return Finding("learns", "", f"a {epochs}-epoch run ends at test/acc {accuracy:.3f}, chance is "
-                       f"{1 / classes:.3f} (needed {needed:.2f}): labels out of step with their inputs, or the test "
-                       "split read differently from the training split?")
+        return Finding("learns", problem=(
+            f"a {epochs}-epoch run ends at test/acc {accuracy:.3f}, chance is "
+            f"{1 / classes:.3f} (needed {needed:.2f}): labels out of step with their inputs, or the test "
+            "split read differently from the training split?"
+        ))
     return Finding("learns", f"test/acc {accuracy:.3f} after {epochs} epochs (chance {1 / classes:.3f})")
