@@ -3,6 +3,7 @@ its own line (the broken variants are in ``tests/mutants.py``); a declared mean 
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -506,7 +507,9 @@ def test_leakage_of_a_sampled_recipe_is_a_share_of_the_test_inputs_read():
 def test_the_card_is_in_tensorboard_as_its_table(tmp_path):
     train(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=1))
     (run,) = {events.parent for events in (tmp_path / "logs").rglob("events.out.tfevents.*")}
-    text = event_accumulator(run).Tensors("run/data/text_summary")[0].tensor_proto.string_val[0].decode()
+    (event,) = event_accumulator(run).Tensors("run/data/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 0
     assert text.startswith("| | |\n|---|---|\n| splits | train 200, val 40, test 80 |\n| input shape | 1 x 28 x 28 |\n")
 
 
@@ -521,3 +524,50 @@ def test_a_split_read_per_sample_is_read_whole_or_spread_evenly():
     whole = gather(samples, 10)
     assert (whole.targets.tolist(), whole.sampled) == (list(range(10)), False)
     assert gather(samples, None).inputs.flatten().tolist() == [float(i) for i in range(10)]
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    (dict(mean=(0.25,), std=(1.0,), pixel_range=(-1.5, 3.5), held=((-1.25,), (5.0,), (-9.0, 16.0))),
+     "Digits declares mean (0.30,) std (0.20,), but its inputs are normalised twice (undone twice, they are pixels "
+     "with the declared statistics): normalise once, in load_tensors with self.normalize or in the augment, not both"),
+    (dict(mean=(0.25,), std=(1.0,), pixel_range=(-1.5, 5.0), held=((-1.25,), (5.0,), (-9.0, 23.5))),
+     "Digits declares mean (0.30,) std (0.20,), but with that normalisation undone the training inputs range over "
+     "[-1.50, 5.00], not pixels in [0, 1]: its inputs are normalised with other numbers than it declares (normalise "
+     "with self.normalize, which uses the declared mean and std) or are not in [0, 1]"),
+    (dict(declared_mean=(0.0,), declared_std=(2.0,), held=((0.3,), (0.2,), (0.0, 1.0))),
+     "Digits declares mean (0.00,) std (2.00,), but the inputs it holds are pixels in [0, 1] (mean (0.30,) std "
+     "(0.20,)), not normalised: normalise them with self.normalize, which uses the declared mean and std"),
+    (dict(mean=(0.3,), std=(0.04,), pixel_range=(0.2, 0.4), held=((0.3,), (0.04,), (0.0, 1.5))),
+     "Digits declares mean (0.30,) std (0.20,), but the training split's pixels measure mean (0.30,) std (0.04,): set "
+     "mean = (0.30,), std = (0.04,) in the datamodule (normalisation and predict's polarity follow them)"),
+    (dict(input_shape=(3, 8, 8), mean=(0.3, 0.3, 0.3), std=(0.2, 0.2, 0.2), declared_mean=(0.3, 0.3),
+          held=((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), (-1.5, 3.5))),
+     "Digits declares mean (0.30, 0.30) std (0.20,) for 3 channel(s): give one value per channel, (0.30, 0.30, 0.30) "
+     "and (0.20, 0.20, 0.20)"),
+], ids=["twice", "twice-but-out-of-range", "not-the-identity", "held-beyond-pixels", "two-values-for-three-channels"])
+def test_each_misapplied_normalisation_is_told_apart(changes, problem):
+    """Normalised twice: pixels of mean 0.35 std 0.2 in [0, 1], normalised with the declared 0.30/0.20 twice."""
+    assert card(**changes).statistics_problem() == problem
+
+
+def test_the_card_and_a_leak_are_said_as_the_run_starts(caplog):
+    from project.training.data_card import announce
+
+    caplog.set_level(logging.INFO)
+    announce(card(duplicates=3))
+    assert [record.getMessage() for record in caplog.records] == [
+        card(duplicates=3).line(), "data: warning: 3 test inputs (2%) also occur in the training split: the test "
+        "accuracy measures memory, not generalisation; remove them from one of the splits"]
+    caplog.clear()
+    announce(card())
+    assert [record.getMessage() for record in caplog.records] == [card().line()]
+
+
+def test_the_checked_card_sets_up_both_splits_itself(tmp_path):
+    from project.training.build import build_datamodule
+    from project.training.data_card import checked_data_card
+
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
+    checked = checked_data_card(build_datamodule(config, tiny_recipe()))
+    assert (checked.sizes, checked.sampled, sum(checked.class_counts)) == ({"train": 200, "val": 40, "test": 80},
+                                                                          None, 200)
