@@ -166,15 +166,20 @@ def test_the_card_tells_the_causes_apart_from_a_wrong_declaration():
 
 
 @pytest.mark.parametrize(("forward", "advice"), [
-    (lambda self, x: torch.softmax(self.model(x), dim=1), "the network's outputs are probabilities"),
-    (lambda self, x: self.model(x) * float("nan"), "gives NaN or infinite outputs"),
+    (lambda self, x: torch.softmax(self.model(x), dim=1),
+     "the network's outputs are probabilities (each row in [0, 1], summing to 1: a softmax in its forward): the loss "
+     "needs logits (cross_entropy applies log_softmax itself) or log-probabilities (nll_loss); drop the softmax, or "
+     "end with log_softmax"),
+    (lambda self, x: self.model(x) * float("nan"),
+     "the freshly built network gives NaN or infinite outputs on training inputs: a division by zero, a log of 0 or "
+     "an uninitialised weight in its forward"),
 ], ids=["softmax", "nan"])
 def test_outputs_advice_names_a_softmax_and_nan(tmp_path, monkeypatch, forward, advice):
     from tests.tiny_recipe.model import LitTiny
 
     monkeypatch.setattr(LitTiny, "forward", forward)
     found = findings_of(tmp_path)
-    assert found["outputs"] is not None and advice in found["outputs"], found
+    assert found["outputs"] == advice, found
     assert found["eval determinism"] is None or "dropout" not in found["eval determinism"]
 
 
