@@ -4,14 +4,17 @@ one measures, logs, prints or refuses. Times are injected: no assertion reads ho
 from __future__ import annotations
 
 import logging
-import re
+import types
+import warnings
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MulticlassAccuracy
 
-from project.errors import NonFiniteLossError
+from project.errors import NonFiniteLossError, UserError
 from project.training import callbacks as cb
 
 
@@ -20,14 +23,24 @@ class KnownLosses(L.LightningModule):
     ``train/loss``; with ``per_call`` > 1, that many optimizer steps a Lightning step, their losses returned together
     (as the engine's steps per call do)."""
 
-    def __init__(self, losses: list[float], per_call: int = 1) -> None:
+    def __init__(self, losses: list[float], per_call: int = 1, samples: int = 12, schedule_steps: int = 0,
+                 half_right: bool = False) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.losses, self.per_call = losses, per_call
+        self.losses, self.per_call, self.samples, self.schedule_steps = losses, per_call, samples, schedule_steps
         self.automatic_optimization = per_call == 1
+        self.train_acc = MulticlassAccuracy(num_classes=2, average="micro")
+        self.half_right = half_right  # each step: one of two predictions right, counted in train_acc
+        self.calls = 0
+
+    def optimizer_steps(self) -> int:
+        return int(self.trainer.estimated_stepping_batches)
 
     def training_step(self, batch, batch_idx):
+        self.calls += 1
         first = self.global_step
+        if self.half_right:
+            self.train_acc.update(torch.tensor([0, 1]), torch.tensor([0, 0]))
         if not self.automatic_optimization:
             for _ in range(self.per_call):
                 self.optimizers().step()
@@ -40,27 +53,38 @@ class KnownLosses(L.LightningModule):
         self.log("val/loss", torch.tensor(0.5))
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.0)
+        if not self.schedule_steps:
+            return optimizer
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=self.schedule_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.zeros(12, 1), torch.zeros(12)), batch_size=4)  # 3 steps an epoch
+    def train_dataloader(self):  # batches of 4: 3 steps an epoch for the 12 samples
+        return DataLoader(TensorDataset(torch.zeros(self.samples, 1), torch.zeros(self.samples)), batch_size=4)
 
     def val_dataloader(self):
         return DataLoader(TensorDataset(torch.zeros(4, 1), torch.zeros(4)), batch_size=4)
 
 
-def fit(module: L.LightningModule, callbacks: list, **trainer: object) -> L.Trainer:
+def fit(module: L.LightningModule, callbacks: list, ckpt_path: str | None = None, **trainer: object) -> L.Trainer:
     settings = dict(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                     enable_model_summary=False, enable_progress_bar=False, num_sanity_val_steps=0)
     runner = L.Trainer(callbacks=callbacks, **{**settings, **trainer})
-    runner.fit(module)
+    runner.fit(module, ckpt_path=ckpt_path)
     return runner
 
 
-def test_epoch_stats_time_the_training_batches_and_count_their_samples(monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """The callbacks' clock, set by the test: ``clock.times`` are the readings it gives, in order."""
+    readings = types.SimpleNamespace(times=[])
+    monkeypatch.setattr(cb, "time", types.SimpleNamespace(perf_counter=lambda: readings.times.pop(0)))
+    return readings
+
+
+def test_epoch_stats_time_the_training_batches_and_count_their_samples(clock):
     """Each epoch from its start to its validation's start: the clock read twice an epoch, validation left out."""
-    clock = iter([100.0, 102.5, 200.0, 204.0])
-    monkeypatch.setattr(cb.EpochStats, "_now", staticmethod(lambda trainer: next(clock)))
+    clock.times = [100.0, 102.5, 200.0, 204.0]
     stats = cb.EpochStats()
     runner = fit(KnownLosses([1.0] * 6), [stats])
     assert stats.epoch_times == [2.5, 4.0]
@@ -68,12 +92,12 @@ def test_epoch_stats_time_the_training_batches_and_count_their_samples(monkeypat
     assert stats.last["train/peak_memory_mb"] > 0  # this process's peak, on the CPU
     assert float(runner.callback_metrics["train/samples_per_s"]) == 3.0  # 12 samples in 4 s, logged
     assert float(runner.callback_metrics["train/epoch_time_s"]) == 4.0
+    assert clock.times == []
 
 
-def test_epoch_stats_start_an_epoch_resumed_mid_way_at_its_first_batch(monkeypatch):
+def test_epoch_stats_start_an_epoch_resumed_mid_way_at_its_first_batch(clock):
     """Lightning calls no ``on_train_epoch_start`` for an epoch resumed mid-way: the first batch starts the clock."""
-    clock = iter([10.0, 13.0])
-    monkeypatch.setattr(cb.EpochStats, "_now", staticmethod(lambda trainer: next(clock)))
+    clock.times = [10.0, 13.0]
     stats, runner = cb.EpochStats(), L.Trainer(accelerator="cpu", logger=False)
     batch = (torch.zeros(5, 1), torch.zeros(5))
     stats.on_train_batch_start(runner, None, batch, 0)
@@ -86,20 +110,31 @@ def test_epoch_stats_start_an_epoch_resumed_mid_way_at_its_first_batch(monkeypat
     assert stats.epoch_times == [3.0]
 
 
-def test_epoch_lines_say_each_epochs_mean_step_loss_and_its_validation(capsys):
-    losses = [1.0, 2.0, 6.0, 0.5, 0.25, 0.25]
-    fit(KnownLosses(losses), [cb.EpochLines()])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2, lines
-    assert re.fullmatch(r"epoch 1/2  step 3  train/loss 3\.0000  val/loss 0\.5000  \d+\.\d s", lines[0]), lines
-    assert re.fullmatch(r"epoch 2/2  step 6  train/loss 0\.3333  val/loss 0\.5000  \d+\.\d s", lines[1]), lines
+def test_epoch_lines_say_each_epochs_mean_step_loss_and_its_validation(capsys, clock):
+    clock.times = [1.0, 3.5, 10.0, 11.5]
+    fit(KnownLosses([1.0, 2.0, 6.0, 0.5, 0.25, 0.25], half_right=True), [cb.EpochLines()])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "epoch 1/2  step 3  train/loss 3.0000  train/acc 0.5000  val/loss 0.5000  2.5 s",
+        "epoch 2/2  step 6  train/loss 0.3333  train/acc 0.5000  val/loss 0.5000  1.5 s"]
 
 
-def test_epoch_lines_count_each_optimizer_step_of_a_call(capsys):
+def test_epoch_lines_count_each_optimizer_step_of_a_call(capsys, clock):
     """With several steps per call a Lightning step returns one loss per optimizer step: each is a step."""
+    clock.times = [5.0, 5.25]
     fit(KnownLosses([1.0, 2.0, 3.0, 6.0, 0.0, 0.0, 3.0, 3.0, 3.0], per_call=3), [cb.EpochLines()], max_epochs=1)
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert re.fullmatch(r"epoch 1/1  step 9  train/loss 2\.3333  val/loss 0\.5000  \d+\.\d s", line), line
+    assert capsys.readouterr().err.strip() == "epoch 1/1  step 9  train/loss 2.3333  val/loss 0.5000  0.2 s"
+
+
+def test_epoch_lines_start_an_epoch_resumed_mid_way_at_its_first_batch(capsys, clock):
+    clock.times = [7.0, 9.0]
+    lines, runner = cb.EpochLines(), L.Trainer(accelerator="cpu", logger=False, max_epochs=3)
+    lines.on_train_batch_start(runner, None, None, 5)  # no on_train_epoch_start came
+    lines.on_train_batch_end(runner, None, {"loss": torch.tensor([1.0, 2.0])}, None, 5)
+    lines.on_train_batch_end(runner, None, torch.tensor(6.0), None, 6)
+    lines.on_train_batch_start(runner, None, None, 7)  # the epoch is under way: nothing starts again
+    lines.on_train_batch_end(runner, None, None, None, 7)  # a step that returned nothing
+    lines.on_train_epoch_end(runner, None)
+    assert capsys.readouterr().err.strip() == "epoch 1/3  step 0  train/loss 3.0000  2.0 s"
 
 
 def test_the_bar_shows_the_loss_the_logger_wrote_at_its_last_logging_step():
@@ -119,14 +154,27 @@ def test_the_bar_shows_the_loss_the_logger_wrote_at_its_last_logging_step():
     assert "train/loss" not in cb.LoggedLossBar().get_metrics(runner, runner.lightning_module)
 
 
-@pytest.mark.parametrize("deferred", [False, True], ids=["every-step", "at-logging-steps"])
-def test_a_non_finite_loss_stops_the_run_naming_its_first_step(deferred):
-    losses = [1.0, 1.0, float("nan"), float("inf"), 1.0, 1.0]
-    guard = cb.FiniteLossGuard(deferred=deferred)
+@pytest.mark.parametrize(("deferred", "log_every", "stopped_after"), [
+    (False, 4, 3), (True, 4, 4), (True, 5, 5), (True, 1000, 6),
+], ids=["every-step", "at-a-logging-step", "at-another-logging-step", "at-the-epochs-end"])
+def test_a_non_finite_loss_stops_the_run_naming_its_first_step(deferred, log_every, stopped_after):
+    """On the CPU every step is checked; deferred (an accelerator's way) the flag is read at logging steps and at the
+    epoch's end, and names the first bad step whenever it is read."""
+    losses = [1.0, 1.0, float("nan"), float("inf"), 1.0, 1.0, 1.0, 1.0]
+    module = KnownLosses(losses, samples=24)  # 6 steps an epoch
     with pytest.raises(NonFiniteLossError) as stopped:
-        fit(KnownLosses(losses), [guard], log_every_n_steps=4)
+        fit(module, [cb.FiniteLossGuard(deferred=deferred)], log_every_n_steps=log_every)
     assert str(stopped.value) == ("training loss became non-finite at epoch 0, step 3; stopped before saving it "
                                   "(lower --lr, or try --precision 32); the last good checkpoint is kept")
+    assert module.calls == stopped_after
+
+
+def test_a_deferred_guard_reads_its_flag_before_a_checkpoint_is_saved(tmp_path):
+    module = KnownLosses([1.0, float("nan"), 1.0, 1.0, 1.0, 1.0], samples=24)
+    saving = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 0, step 2;"):
+        fit(module, [cb.FiniteLossGuard(deferred=True), saving], log_every_n_steps=1000, enable_checkpointing=True)
+    assert module.calls == 3 and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["every-step", "at-the-epochs-end"])
@@ -169,3 +217,63 @@ def test_lightnings_adverts_are_dropped_and_its_other_lines_kept():
     for message in ("`weights_only` was not set, defaulting", "An SIGTERMException was raised with", "GPU available"):
         record.msg = message
         assert keep.filter(record) is message.startswith("GPU")
+
+
+def test_a_restored_schedule_must_span_the_steps_this_run_takes(tmp_path):
+    first = fit(KnownLosses([1.0] * 9, schedule_steps=6), [cb.ScheduleResumeCheck()], max_epochs=1)
+    first.save_checkpoint(tmp_path / "one-epoch.ckpt")
+    with pytest.raises(UserError) as refused:
+        fit(KnownLosses([1.0] * 9, schedule_steps=9), [cb.ScheduleResumeCheck()], str(tmp_path / "one-epoch.ckpt"),
+            max_epochs=3)
+    assert str(refused.value) == ("the checkpoint's LR schedule spans 6 steps but these settings give 9; resume with "
+                                  "the settings it was trained with, or start a new run from its weights with "
+                                  "--init-from")
+    resumed = KnownLosses([1.0] * 9, schedule_steps=6)
+    fit(resumed, [cb.ScheduleResumeCheck()], str(tmp_path / "one-epoch.ckpt"), max_epochs=2)
+    assert resumed.calls == 3
+    unscheduled = cb.ScheduleResumeCheck()
+    unscheduled.on_load_checkpoint(None, None, {"lr_schedulers": []})
+    unscheduled.on_train_start(None, None)  # a checkpoint without a schedule: nothing to compare
+
+
+@pytest.fixture
+def lightning_loggers():
+    """The loggers' levels as they were, put back after the test."""
+    names = ("lightning.pytorch", "lightning.fabric", "torch.utils.cpp_extension")
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+KNOWN_NOISE = [
+    "The 'train_dataloader' does not have many workers which may be a bottleneck.",
+    "The number of training batches (3) is smaller than the logging interval Trainer(log_every_n_steps=50).",
+    "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and treespec.is_leaf()`",
+    "Using ModelCheckpoint with manual optimization and every_n_train_steps, the checkpoint is saved after the step",
+    "torch.distributed.nn.functional.all_gather is deprecated",
+    "Previous log files in this directory will be deleted when the new ones are saved",
+    "Checkpoint directory /runs/x/checkpoints exists and is not empty.",
+    "Restarting mid-epoch: your dataloader is not resumable",
+    "The `srun` command is available on your system but is not used.",
+]
+
+
+def test_the_known_noise_is_silenced_and_nothing_else(lightning_loggers):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb.quiet_known_warnings()
+        for message in KNOWN_NOISE:
+            warnings.warn(message, UserWarning, stacklevel=1)
+        warnings.warn("a warning of the run's own", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a warning of the run's own"]
+    assert logging.getLogger("torch.utils.cpp_extension").level == logging.ERROR
+    handlers = logging.getLogger("lightning.pytorch").handlers
+    assert handlers and all(any(isinstance(f, cb._DropAdverts) for f in h.filters) for h in handlers)
+
+
+def test_a_sweep_hears_only_lightnings_warnings(lightning_loggers):
+    with warnings.catch_warnings():
+        cb.quiet_lightning_info()
+    assert logging.getLogger("lightning.pytorch").level == logging.WARNING
+    assert logging.getLogger("lightning.fabric").level == logging.WARNING

@@ -141,3 +141,9 @@ def test_a_process_started_for_a_run_dies_with_its_parent(tmp_path):
     else:
         os.kill(pid, 9)
         pytest.fail("the child outlived its parent by a minute")
+
+
+def test_a_run_in_one_process_ends_with_nothing_to_end_or_wait_for():
+    assert not dist.is_initialized()
+    cluster.DdpJobEnd().end(None)  # no process group, no ranks started
+    cluster.end_process_group()
