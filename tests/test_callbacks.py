@@ -56,7 +56,8 @@ class KnownLosses(L.LightningModule):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.0)
         if not self.schedule_steps:
             return optimizer
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=self.schedule_steps)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2) if self.schedule_steps < 0 else \
+            torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=self.schedule_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def train_dataloader(self):  # batches of 4: 3 steps an epoch for the 12 samples
@@ -93,6 +94,13 @@ def test_epoch_stats_time_the_training_batches_and_count_their_samples(clock):
     assert float(runner.callback_metrics["train/samples_per_s"]) == 3.0  # 12 samples in 4 s, logged
     assert float(runner.callback_metrics["train/epoch_time_s"]) == 4.0
     assert clock.times == []
+
+
+def test_epoch_stats_of_a_run_without_validation_end_with_the_epoch(clock):
+    clock.times = [1.0, 2.0, 3.0, 5.0]
+    stats = cb.EpochStats()
+    fit(KnownLosses([1.0] * 6), [stats], limit_val_batches=0)
+    assert stats.epoch_times == [1.0, 2.0] and stats.last["train/samples_per_s"] == 6.0
 
 
 def test_epoch_stats_start_an_epoch_resumed_mid_way_at_its_first_batch(clock):
@@ -155,18 +163,26 @@ def test_the_bar_shows_the_loss_the_logger_wrote_at_its_last_logging_step():
 
 
 @pytest.mark.parametrize(("deferred", "log_every", "stopped_after"), [
-    (False, 4, 3), (True, 4, 4), (True, 5, 5), (True, 1000, 6),
-], ids=["every-step", "at-a-logging-step", "at-another-logging-step", "at-the-epochs-end"])
+    (None, 4, 3), (False, 4, 3), (True, 4, 4), (True, 5, 5), (True, 1000, 6),
+], ids=["by-default", "every-step", "at-a-logging-step", "at-another-logging-step", "at-the-epochs-end"])
 def test_a_non_finite_loss_stops_the_run_naming_its_first_step(deferred, log_every, stopped_after):
     """On the CPU every step is checked; deferred (an accelerator's way) the flag is read at logging steps and at the
     epoch's end, and names the first bad step whenever it is read."""
     losses = [1.0, 1.0, float("nan"), float("inf"), 1.0, 1.0, 1.0, 1.0]
     module = KnownLosses(losses, samples=24)  # 6 steps an epoch
     with pytest.raises(NonFiniteLossError) as stopped:
-        fit(module, [cb.FiniteLossGuard(deferred=deferred)], log_every_n_steps=log_every)
+        guard = cb.FiniteLossGuard() if deferred is None else cb.FiniteLossGuard(deferred=deferred)
+        fit(module, [guard], log_every_n_steps=log_every)
     assert str(stopped.value) == ("training loss became non-finite at epoch 0, step 3; stopped before saving it "
                                   "(lower --lr, or try --precision 32); the last good checkpoint is kept")
     assert module.calls == stopped_after
+
+
+def test_a_guard_reads_the_losses_a_step_returns_bare():
+    runner = L.Trainer(accelerator="cpu", logger=False)
+    cb.FiniteLossGuard().on_train_batch_end(runner, None, torch.tensor([1.0, 2.0]), None, 0)
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 0, step 0;"):  # the second of two losses ending at step 0
+        cb.FiniteLossGuard().on_train_batch_end(runner, None, torch.tensor([1.0, float("nan")]), None, 0)
 
 
 def test_a_deferred_guard_reads_its_flag_before_a_checkpoint_is_saved(tmp_path):
@@ -228,9 +244,14 @@ def test_a_restored_schedule_must_span_the_steps_this_run_takes(tmp_path):
     assert str(refused.value) == ("the checkpoint's LR schedule spans 6 steps but these settings give 9; resume with "
                                   "the settings it was trained with, or start a new run from its weights with "
                                   "--init-from")
-    resumed = KnownLosses([1.0] * 9, schedule_steps=6)
-    fit(resumed, [cb.ScheduleResumeCheck()], str(tmp_path / "one-epoch.ckpt"), max_epochs=2)
+    check, resumed = cb.ScheduleResumeCheck(), KnownLosses([1.0] * 9, schedule_steps=6)
+    fit(resumed, [check], str(tmp_path / "one-epoch.ckpt"), max_epochs=2)
     assert resumed.calls == 3
+    fit(KnownLosses([1.0] * 9, schedule_steps=9), [check], max_epochs=3)  # the same callback, a fresh fit: no check
+    stepped = fit(KnownLosses([1.0] * 9, schedule_steps=-1), [], max_epochs=1)  # a schedule of no fixed length
+    stepped.save_checkpoint(tmp_path / "stepped.ckpt")
+    fit(KnownLosses([1.0] * 9, schedule_steps=-1), [cb.ScheduleResumeCheck()], str(tmp_path / "stepped.ckpt"),
+        max_epochs=3)
     unscheduled = cb.ScheduleResumeCheck()
     unscheduled.on_load_checkpoint(None, None, {"lr_schedulers": []})
     unscheduled.on_train_start(None, None)  # a checkpoint without a schedule: nothing to compare
@@ -260,6 +281,15 @@ KNOWN_NOISE = [
 
 
 def test_the_known_noise_is_silenced_and_nothing_else(lightning_loggers):
+    fresh = {name: logging.StreamHandler() for name in ("lightning.pytorch", "lightning.fabric")}
+    for name, handler in fresh.items():
+        logging.getLogger(name).addHandler(handler)
+    try:
+        cb.quiet_known_warnings()
+    finally:
+        for name, handler in fresh.items():
+            logging.getLogger(name).removeHandler(handler)
+    assert all(any(isinstance(f, cb._DropAdverts) for f in handler.filters) for handler in fresh.values())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cb.quiet_known_warnings()
@@ -268,8 +298,6 @@ def test_the_known_noise_is_silenced_and_nothing_else(lightning_loggers):
         warnings.warn("a warning of the run's own", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["a warning of the run's own"]
     assert logging.getLogger("torch.utils.cpp_extension").level == logging.ERROR
-    handlers = logging.getLogger("lightning.pytorch").handlers
-    assert handlers and all(any(isinstance(f, cb._DropAdverts) for f in h.filters) for h in handlers)
 
 
 def test_a_sweep_hears_only_lightnings_warnings(lightning_loggers):
