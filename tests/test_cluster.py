@@ -64,7 +64,7 @@ def shell(command: str) -> subprocess.Popen:
 
 
 def test_the_ranks_a_run_started_are_waited_for_each_its_exit_code_or_none():
-    assert cluster.wait_for([shell("exit 0"), shell("exit 3")], timeout=120) == [0, 3]
+    assert cluster.wait_for([shell("exit 0"), shell("sleep 0.5; exit 3")], timeout=120) == [0, 3]
     sleepers = [shell("exec sleep 600"), shell("exec sleep 600")]
     try:
         assert cluster.wait_for(sleepers, timeout=0.1) == [None, None]  # one deadline for all, not one each
