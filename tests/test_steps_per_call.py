@@ -345,3 +345,66 @@ def test_train_batches_per_rank_are_those_of_the_distributed_sampler(size, world
     sampler = torch.utils.data.DistributedSampler(range(size), num_replicas=world_size, rank=0, shuffle=False)
     loader = torch.utils.data.DataLoader(range(size), batch_size=batch, sampler=sampler)
     assert train_batches(RunConfig(batch_size=batch), size, world_size) == len(loader)
+
+
+MEASURED = "a step's math takes 10.00 ms, Lightning's per-step cost about 1.0 ms"
+
+
+@pytest.fixture
+def measured_10_ms(monkeypatch):
+    """auto's measurement of the run's step, injected: 10 ms, whatever this machine's speed (K 4 for logging every
+    8 steps). What it was asked to time is kept."""
+    from project.training import steps_per_call
+
+    asked = []
+
+    def measure(config, datamodule, device, new_model):
+        asked.append((config.batch_size, datamodule, device.type, new_model))
+        return 0.01
+
+    monkeypatch.setattr(steps_per_call, "measure_step_seconds", measure)
+    return asked
+
+
+@pytest.mark.parametrize(("settings", "resumed_k", "steps", "grouped", "ends"), [
+    ({}, None, StepsPerCall(4, MEASURED, auto=True), True, (8, 0)),
+    ({"checkpoint_every_n_steps": 6}, None, StepsPerCall(4, MEASURED, auto=True), True, (8, 6)),
+    ({"steps_per_call": 4}, 4, StepsPerCall(4, "as the run it resumes chose", auto=True), True, (8, 0)),
+    ({"steps_per_call": 4}, 2, StepsPerCall(4, "as asked"), True, (8, 0)),
+    ({"steps_per_call": 2}, None, StepsPerCall(2, "as asked"), True, (8, 0)),
+    ({"steps_per_call": 1}, None, StepsPerCall(1, "as asked"), False, (8, 0)),
+    ({"fast_dev_run": True}, None, StepsPerCall(1, "--fast-dev-run runs one batch per stage", auto=True), False,
+     (8, 0)),
+], ids=["measured", "checkpoints", "resumed-taking-its-k", "asked-other-than-the-resumed", "two-asked", "one-asked",
+        "one-for-a-reason"])
+def test_a_plan_takes_k_from_the_runs_own_step_or_the_run_it_resumes(tmp_path, measured_10_ms, settings, resumed_k,
+                                                                     steps, grouped, ends):
+    from project.hardware.device_step import StepMode
+    from project.training.build import build_datamodule
+    from project.training.steps_per_call import plan_steps
+
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", **{
+        "steps_per_call": "auto", "batch_size": 512, "log_every_n_steps": 8, "cuda_graphs": False, **settings})
+    datamodule = build_datamodule(config, tiny_recipe())
+    plan = plan_steps(config, datamodule, build_model, resumed_k)
+    assert (plan.steps, plan.grouped, plan.group_ends_every) == (steps, grouped, ends)
+    assert (plan.mode, plan.mode_reason, plan.follows_timing) == (StepMode.OFF, "--no-cuda-graphs",
+                                                                  config.steps_per_call == "auto")
+    assert measured_10_ms == ([(200, datamodule, "cpu", build_model)] if steps.why == MEASURED else [])  # a batch
+    # never larger than the training split; a resumed auto run takes its K as its config's (continue_in_its_folder)
+
+
+def test_auto_keeps_a_k_of_one_grouped_where_it_may_raise_it_and_not_where_a_reason_holds_it(tmp_path, monkeypatch):
+    from project.training import steps_per_call
+    from project.training.build import build_datamodule
+    from project.training.steps_per_call import plan_steps
+
+    monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: 1.0)  # a slow step: K 1 for now
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", steps_per_call="auto",
+                         cuda_graphs=False)
+    slow = plan_steps(config, build_datamodule(config, tiny_recipe()), build_model)
+    assert (slow.steps.k, slow.grouped) == (1, True)
+    per_sample = plan_steps(config, build_datamodule(config, tiny_recipe(), per_sample=True), build_model)
+    assert per_sample.steps == StepsPerCall(1, "the recipe reads its samples one by one from load_samples: a batch "
+                                            "per Lightning step", auto=True)
+    assert not per_sample.grouped
