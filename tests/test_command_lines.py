@@ -1,0 +1,185 @@
+"""Every script's command line, parsed in this process: each tool's settings and their defaults, its one-line
+refusals, ``train.py --help`` naming each default and where it comes from, ``--config``'s presets and
+``--trainer.*``'s tokens. (The scripts themselves run these in ``tests/test_train_script.py`` and beside it.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+
+import pytest
+
+from helpers import parse_run_command_of, tiny_recipe
+from project.config import cli
+from project.config.validators import flag, positive_int
+from project.contract import Option
+from project.errors import UsageError
+
+
+def parsed(monkeypatch, parse, *argv: str) -> dict:
+    monkeypatch.setattr(sys, "argv", ["script.py", *argv])
+    return vars(parse())
+
+
+def test_each_tools_settings_and_defaults(monkeypatch):
+    recipe = tiny_recipe()
+    common = {"debug": False}
+    model = {"ckpt": None, "weights": None, "logdir": "lightning_logs", "name": "tiny"}
+    assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None)) == {
+        **common, **model, "data_dir": None, "json": False, "plot": None}
+    assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "dir") == {
+        **common, "inputs": ["a.png", "dir"], **model, "topk": 1, "json": False}
+    assert parsed(monkeypatch, lambda: cli.parse_check_recipe_args(None)) == {
+        **common, "data_dir": None, "max_epochs": None, "no_learn": False}
+    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--images", "pics") == {
+        **common, "name": "mine", "images": "pics", "from_package": None, "out": "."}
+    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--from", "tests.second_recipe")[
+        "from_package"] == "tests.second_recipe"
+    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None)) == {
+        **common, "space": str(recipe.folder / "sweep.yaml"), "n_trials": 20,
+        "storage": "lightning_logs/sweeps/" + cli.SWEEP_STORAGE, "workers": "auto", "heartbeat": 60, "worker": False,
+        "study_name": "tiny-sweep", "pruner": "median", "sampler": "tpe", "sampler_seed": None, "data_dir": None,
+        "logdir": "lightning_logs", "val_size": None, "accelerator": "auto"}
+    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--logdir", "runs", "--workers", "2",
+                  "--val-size", "0.25")["storage"] == "runs/sweeps/" + cli.SWEEP_STORAGE
+    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--storage", "postgresql://h/db")[
+        "storage"] == "postgresql://h/db"
+    assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None)) == {
+        **common, "batch_size": 64, "epochs": 3, "accelerator": "auto", "precision": "32", "data_dir": None,
+        "example_data": None, "limit": None, "val_size": None, "num_workers": None, "only": "all",
+        "time_to_accuracy": False, "out": "benchmark-results"}
+    assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None)) == {
+        **common, "logdir": "lightning_logs", "name": "tiny"}
+    assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None)) == {**common, "json": False, "bench": False}
+    assert parsed(monkeypatch, lambda: cli.parse_engine_size_args(None), "--debug") == {"debug": True}
+    assert parsed(monkeypatch, lambda: cli.parse_plot_scalars_args(None, ["train/loss", "val/acc"]), "runs/v0") == {
+        **common, "run": "runs/v0", "out": "scalars.png", "tags": "train/loss,val/acc"}
+
+
+@pytest.mark.parametrize(("parse", "argv", "error"), [
+    (lambda: cli.parse_predict_args(tiny_recipe(), None), [],
+     "predict.py: error: the following arguments are required: IMAGE|DIR"),
+    (lambda: cli.parse_predict_args(tiny_recipe(), None), ["a.png", "--ckpt", "best", "--weights", "m.pth"],
+     "predict.py: error: argument --weights: not allowed with argument --ckpt"),
+    (lambda: cli.parse_predict_args(tiny_recipe(), None), ["a.png", "--topk", "0"],
+     "predict.py: error: argument --topk: must be a positive integer, got 0"),
+    (lambda: cli.parse_evaluate_args(tiny_recipe(), None), ["--name", "../up"],
+     "evaluate.py: error: argument --name: must be one plain folder name, got '../up'"),
+    (lambda: cli.parse_new_recipe_args(None), ["mine"],
+     "new_recipe.py: error: one of the arguments --images --from is required"),
+    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--pruner", "best"],
+     "sweep.py: error: argument --pruner: invalid choice: 'best' (choose from 'median', 'halving', 'none')"),
+    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--workers", "0"],
+     "sweep.py: error: argument --workers: must be a positive integer, got 0"),
+    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--precision", "8"],
+     "benchmark.py: error: argument --precision: invalid choice: '8' (choose from " + ", ".join(cli.PRECISIONS) + ")"),
+    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--data-dir", "d", "--example-data", "64"],
+     "benchmark.py: error: argument --example-data: not allowed with argument --data-dir"),
+    (lambda: cli.parse_check_recipe_args(None), ["--max-epochs", "0"],
+     "check_recipe.py: error: argument --max-epochs: must be a positive integer, got 0"),
+    (lambda: cli.parse_plot_scalars_args(None, ["train/loss"]), ["run", "--out", "s.txt"],
+     "plot_scalars.py: error: argument --out: 's.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
+], ids=["predict-no-input", "predict-two-sources", "predict-topk", "evaluate-name", "new-recipe-source",
+        "sweep-pruner", "sweep-workers", "benchmark-precision", "benchmark-two-datasets", "check-recipe-epochs",
+        "plot-scalars-out"])
+def test_a_tools_bad_command_line_is_one_line_and_exit_status_2(monkeypatch, capsys, parse, argv, error):
+    monkeypatch.setattr(sys, "argv", ["script.py", *argv])
+    with pytest.raises(SystemExit) as ended:
+        parse()
+    assert ended.value.code == 2 and capsys.readouterr().err == error + "\n"
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # each option's help on its own line
+
+
+def help_line(help_text: str, flag_and_metavar: str) -> str:
+    """An option's entry in ``--help``: its line, and its help where argparse moved it to the lines below."""
+    lines = help_text.splitlines()
+    (first,) = [i for i, line in enumerate(lines) if re.match(rf"  {re.escape(flag_and_metavar)}(\s|$)", line)]
+    entry = [lines[first]]
+    for line in lines[first + 1:]:
+        if not line.startswith("    "):
+            break
+        entry.append(line)
+    return re.sub(r"\s+", " ", " ".join(entry).strip())
+
+
+def test_train_help_says_each_default_and_whose_it_is(wide):
+    text = cli.build_parser(tiny_recipe()).format_help()
+    assert text.startswith("usage: train.py [-h] [--version] ")
+    assert "\nTrain a small MLP on tiny made-up digits, then test the best checkpoint.\n" in text
+    assert text.endswith(cli.EPILOG)
+    assert help_line(text, "--max-epochs MAX_EPOCHS") == "--max-epochs MAX_EPOCHS (default: 6, the recipe's)"
+    assert help_line(text, "--eval-batch-size EVAL_BATCH_SIZE").endswith("(default: 1000)")
+    assert help_line(text, "--hidden HIDDEN") == "--hidden HIDDEN hidden widths, e.g. 128 or 256,128 (default: 128)"
+    assert help_line(text, "--val-size N|SHARE").endswith("(default: the recipe's)")
+    assert help_line(text, "--config FILE.yaml|PRESET") == (
+        "--config FILE.yaml|PRESET read settings from a YAML file (keys: flag names), or one of the recipe's presets "
+        "(quick); the command line overrides it")
+    assert help_line(text, "--fast-dev-run, --no-fast-dev-run").endswith("no logs or files")  # off: no default said
+    assert help_line(text, "--compile [MODE]").startswith("--compile [MODE] ")
+    for group in cli.GROUPS:
+        assert f"\n{group}:\n" in text
+    no_presets = dataclasses.replace(tiny_recipe(), package="tests.tiny_recipe.configs")
+    assert "presets (none);" in help_line(cli.build_parser(no_presets).format_help(), "--config FILE.yaml|PRESET")
+
+
+def test_version_is_the_projects(capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser(tiny_recipe()).parse_args(["--version"])
+    assert capsys.readouterr().out == f"train.py {cli.__version__}\n"
+
+
+def test_a_recipe_option_checked_by_flag_is_an_on_off_switch():
+    recipe = dataclasses.replace(tiny_recipe(), options={**tiny_recipe().options, "flip": Option(False, flag, "flip")})
+    checked = recipe.checked_option("flip")  # the wrapper a recipe's option gets
+    assert checked.__wrapped__ is flag and cli._is_on_off(checked) and cli._is_on_off(flag)
+    assert not cli._is_on_off(recipe.checked_option("hidden")) and not cli._is_on_off(positive_int)
+    assert parse_run_command_of(recipe, ["--flip"]).options["flip"] is True
+    assert parse_run_command_of(recipe, ["--no-flip"]).options["flip"] is False
+
+
+def test_a_check_keeps_its_name_for_argparse():
+    assert cli.argparse_type(positive_int).__name__ == "positive_int"
+    assert cli.argparse_type(dataclasses.replace).__name__ == "replace"
+    assert cli.argparse_type(type("Check", (), {"__call__": lambda self, v: v})()).__name__ == "value"
+
+
+def test_a_config_is_a_file_or_one_of_the_recipes_presets(tmp_path, monkeypatch):
+    recipe = tiny_recipe()
+    monkeypatch.chdir(tmp_path)
+    assert cli.config_path("quick", recipe) == str(recipe.presets()["quick"])
+    for given in ("mine.yaml", "mine.yml", "dir/mine", "mine.YAML"[:-4] + "yaml"):
+        assert cli.config_path(given, recipe) == given  # a file: read, or refused as missing, by load_yaml
+    (tmp_path / "quick").write_text("max_epochs: 1\n")
+    assert cli.config_path("quick", recipe) == "quick"  # a file here wins over the preset of its name
+    with pytest.raises(UsageError) as refused:
+        cli.config_path("fast", recipe)
+    assert str(refused.value) == "--config fast: no such file, and not one of the recipe's presets (quick)"
+    no_presets = dataclasses.replace(recipe, package="tests.tiny_recipe.configs")
+    with pytest.raises(UsageError, match=r"presets \(it has none\)$"):
+        cli.config_path("fast", no_presets)
+
+
+@pytest.mark.parametrize(("argv", "rest", "trainer"), [
+    (["--max-epochs", "2", "--trainer.accumulate_grad_batches", "4", "--trainer.gradient_clip_val=0.5", "x"],
+     ["--max-epochs", "2", "x"], {"accumulate_grad_batches": 4, "gradient_clip_val": 0.5}),
+    (["--trainer.profiler", "simple", "--trainer.benchmark=true", "--trainer.limit_val_batches", "null"], [],
+     {"profiler": "simple", "benchmark": True, "limit_val_batches": None}),
+])
+def test_trainer_tokens_are_taken_out_and_typed_as_yaml_reads_them(argv, rest, trainer):
+    assert cli.split_trainer_args(argv) == (rest, trainer)
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--trainer.max_steps"], "--trainer.max_steps: needs a value, e.g. --trainer.max_steps VALUE"),
+    (["--trainer.max_steps", "--lr", "1"], "--trainer.max_steps: needs a value, e.g. --trainer.max_steps VALUE"),
+    (["--trainer.=4"], "--trainer.: name a Trainer argument, e.g. --trainer.accumulate_grad_batches 4"),
+])
+def test_a_trainer_token_without_a_name_or_a_value_is_refused(argv, error):
+    with pytest.raises(UsageError) as refused:
+        cli.split_trainer_args(argv)
+    assert str(refused.value) == error
