@@ -160,24 +160,26 @@ def test_a_long_value_is_quoted_cut_short():
         v.flag("x" * 100)
 
 
-def test_figure_and_report_paths_are_checked_before_a_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # short paths: a message quotes a long one cut short
+def test_figure_and_report_paths_that_can_be_written_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert v.image_file("a.PNG") == "a.PNG"
-    with pytest.raises(ValueError) as refused:
-        v.image_file("a.txt")
-    assert str(refused.value) == "'a.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"
-    with pytest.raises(ValueError) as refused:
-        v.image_file("gone/a.png")
-    assert str(refused.value) == "'gone/a.png': the folder gone does not exist"
-    assert v.output_folder("new/deeper") == "new/deeper"
+    assert v.output_folder("new/deeper") == "new/deeper"  # made later
+
+
+@pytest.mark.parametrize(("check", "value", "message"), [
+    (v.image_file, "a.txt", "'a.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
+    (v.image_file, "gone/a.png", "'gone/a.png': the folder gone does not exist"),
+    (v.output_folder, "afile", "'afile': is a file, not a folder"),
+    (v.output_folder, "afile/sub", "cannot write the reports in afile/sub (afile is not a folder this user can write "
+                                   "in)"),
+])
+def test_a_figure_or_report_path_that_cannot_be_written_is_refused(tmp_path, monkeypatch, check, value, message):
+    monkeypatch.chdir(tmp_path)  # short paths: a message quotes a long one cut short
     (tmp_path / "afile").write_text("")
     (tmp_path / "afile").chmod(0o755)  # one a user may write and run: still not a folder
     with pytest.raises(ValueError) as refused:
-        v.output_folder("afile")
-    assert str(refused.value) == "'afile': is a file, not a folder"
-    with pytest.raises(ValueError) as refused:
-        v.output_folder("afile/sub")
-    assert str(refused.value) == "cannot write the reports in afile/sub (afile is not a folder this user can write in)"
+        check(value)
+    assert str(refused.value) == message
 
 
 TRAINER_REFUSED = [
