@@ -37,6 +37,14 @@ def test_cosine_warms_up_linearly_then_decays_to_zero() -> None:
     assert lrs[55] == pytest.approx(0.5 * (1 + math.cos(math.pi * 45 / 90)))
     assert lrs[-1] < 1e-3
     assert default_warmup(1000) == 50 and default_warmup(3) == 1
+    assert type(default_warmup(1000)) is int  # a count of steps
+
+
+def test_cosine_ends_at_zero_however_short_its_decay_and_stays_there() -> None:
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    one_step_of_decay = WarmupCosine(optimizer, total_steps=4, warmup_steps=3)
+    assert [one_step_of_decay.factor(step) for step in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.0])
+    assert WarmupCosine(optimizer, total_steps=10, warmup_steps=2).factor(15) == pytest.approx(0.0)  # past its end
 
 
 def test_warmup_steps_only_with_cosine() -> None:
