@@ -152,7 +152,7 @@ def test_a_config_is_a_file_or_one_of_the_recipes_presets(tmp_path, monkeypatch)
     recipe = tiny_recipe()
     monkeypatch.chdir(tmp_path)
     assert cli.config_path("quick", recipe) == str(recipe.presets()["quick"])
-    for given in ("mine.yaml", "mine.yml", "dir/mine", "mine.YAML"[:-4] + "yaml"):
+    for given in ("mine.yaml", "mine.yml", "dir/mine"):
         assert cli.config_path(given, recipe) == given  # a file: read, or refused as missing, by load_yaml
     (tmp_path / "quick").write_text("max_epochs: 1\n")
     assert cli.config_path("quick", recipe) == "quick"  # a file here wins over the preset of its name

@@ -88,6 +88,19 @@ def test_the_engines_recipe_passes_every_check(tmp_path):
     assert [f.check for f in findings] == ["options", "inputs", "augment", "labels", "outputs", "statistics", "leakage",
                                            "eval determinism", "fits one batch", "learns"]
     assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)
+    lines = [f.line() for f in findings]  # each check's own line, as a user reads it
+    assert lines[:8] == [
+        "ok    options: 1 option(s), each checking its own default",
+        "ok    inputs: 1x28x28 floating-point inputs in both splits",
+        "ok    augment: the recipe does not augment",
+        "ok    labels: every label in [0, 10), every class in the training split",
+        "ok    outputs: 10 outputs per input",
+        "ok    statistics: mean (0.16,) std (0.21,) as declared",  # measured; declared 0.30 is near enough
+        "ok    leakage: 0 test inputs also in training",
+        "ok    eval determinism: eval mode is deterministic and per input",
+    ]
+    assert lines[8] == "ok    fits one batch: 100% of one batch of 32 after 150 steps"
+    assert re.fullmatch(r"ok    learns: test/acc [01]\.\d{3} after 3 epochs \(chance 0\.100\)", lines[9]), lines[9]
 
 
 @pytest.mark.slow
@@ -128,10 +141,16 @@ def test_a_failing_check_is_one_line_and_exit_status_1(tmp_path):
 
 
 # Advice that is right: each cause of statistics that do not match named as itself, not as "declare these numbers".
-def findings_of(tmp_path, **replaced) -> dict[str, str | None]:
-    """The recipe checks (without the training ones) of the tests' recipe, its classes' methods replaced."""
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
-    return {f.check: f.problem for f in check_recipe(config, tiny_recipe(), learn=False)}
+def checked(tmp_path, recipe=None, learn: bool = False, **settings) -> dict:
+    """Each check's finding for the tests' recipe (or ``recipe``) on tiny data, by check; ``learn``: the training
+    checks too."""
+    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", **settings)
+    return {f.check: f for f in check_recipe(config, recipe or tiny_recipe(), learn=learn)}
+
+
+def findings_of(tmp_path, recipe=None, learn: bool = False, **settings) -> dict[str, str | None]:
+    """Each check's problem (None where it passed), by check."""
+    return {name: finding.problem for name, finding in checked(tmp_path, recipe, learn, **settings).items()}
 
 
 @pytest.mark.parametrize(("held", "advice"), [
@@ -194,8 +213,7 @@ def test_an_option_whose_check_fails_is_a_finding_and_one_line_on_the_command_li
         return sizes(value)[5]  # IndexError: a bug in the recipe's check
 
     recipe = dataclasses.replace(tiny_recipe(), options={"hidden": Option([128], broken, "widths")})
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
-    found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
+    found = findings_of(tmp_path, recipe)
     assert found["options"].startswith("--hidden: its check refuses its own default '128': the recipe's check of "
                                        "--hidden failed on [128]: IndexError: list index out of range")
     with pytest.raises(SystemExit):
@@ -231,24 +249,6 @@ def test_a_label_equal_to_num_classes_fails_the_labels_check_of_a_recipe_read_fr
     config = RunConfig.for_recipe(recipe, data_dir=str(data), logdir=str(tmp_path / "logs"), batch_size=16)
     found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
     assert found["labels"] is not None and "label 3, outside [0, 3)" in found["labels"], found
-
-
-# Each check's own line, in-process: the one a user reads, for a recipe that passes and for each bug it names.
-def test_each_check_says_what_it_found_in_its_own_words(tmp_path):
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3)
-    lines = [f.line() for f in check_recipe(config, tiny_recipe())]
-    assert lines[:8] == [
-        "ok    options: 1 option(s), each checking its own default",
-        "ok    inputs: 1x28x28 floating-point inputs in both splits",
-        "ok    augment: the recipe does not augment",
-        "ok    labels: every label in [0, 10), every class in the training split",
-        "ok    outputs: 10 outputs per input",
-        "ok    statistics: mean (0.16,) std (0.21,) as declared",  # measured; declared 0.30 is near enough
-        "ok    leakage: 0 test inputs also in training",
-        "ok    eval determinism: eval mode is deterministic and per input",
-    ]
-    assert lines[8] == "ok    fits one batch: 100% of one batch of 32 after 150 steps"
-    assert re.fullmatch(r"ok    learns: test/acc [01]\.\d{3} after 3 epochs \(chance 0\.100\)", lines[9]), lines[9]
 
 
 def test_a_datamodule_that_cannot_load_is_the_only_finding(tmp_path):
@@ -289,8 +289,7 @@ def test_a_data_bug_is_named_by_its_check(tmp_path, monkeypatch, load_tensors, c
     from tests.tiny_recipe.data import TinyDataModule
 
     monkeypatch.setattr(TinyDataModule, "load_tensors", load_tensors)
-    found = {f.check: f for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
-                                               tiny_recipe(), learn=False)}
+    found = checked(tmp_path)
     assert found[check].problem == problem, found[check]
     assert found[check].line() == f"FAIL  {check}: {problem}"
 
@@ -317,8 +316,7 @@ def test_a_model_bug_is_named_by_its_check(tmp_path, monkeypatch, forward, check
     from tests.tiny_recipe.model import LitTiny
 
     monkeypatch.setattr(LitTiny, "forward", forward)
-    found = {f.check: f.problem for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
-                                                       tiny_recipe(), learn=False)}
+    found = findings_of(tmp_path)
     assert found[check] == problem, found
 
 
@@ -328,8 +326,7 @@ def test_a_model_that_ignores_its_inputs_and_test_labels_out_of_step_fail_the_tr
 
     monkeypatch.setattr(LitTiny, "forward", lambda self, x: self.model(x * 0))  # the training step calls the MLP
     monkeypatch.setattr(TinyDataModule, "load_tensors", tensors_replaced(test=lambda x, y: (x, y.roll(1))))
-    found = {f.check: f.problem for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs",
-                                                                  max_epochs=1), tiny_recipe())}
+    found = findings_of(tmp_path, learn=True, max_epochs=1)
     assert re.fullmatch(r"after 150 Adam steps on one batch of 32 training samples the model gets \d+% of them right: "
                         r"it cannot learn \(inputs ignored, outputs detached, a loss that does not match the "
                         r"outputs\?\)", found["fits one batch"]), found["fits one batch"]
@@ -345,8 +342,7 @@ def test_a_check_that_raises_is_one_line_naming_what_failed_before_it(tmp_path, 
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied\n(a second line)")
 
     monkeypatch.setattr(LitTiny, "forward", forward)  # the training step calls the MLP: only a run learns
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=1)
-    found = {f.check: f for f in check_recipe(config, tiny_recipe())}
+    found = checked(tmp_path, learn=True, max_epochs=1)
     assert found["outputs"].line() == ("FAIL  outputs: the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
                                        "multiplied")
     assert found["eval determinism"].problem == ("the recipe raised RuntimeError: mat1 and mat2 shapes cannot be "
@@ -360,7 +356,7 @@ def test_a_check_that_raises_is_one_line_naming_what_failed_before_it(tmp_path, 
         raise UsageError("--hidden 0: must be a positive integer")
 
     monkeypatch.setattr(LitTiny, "forward", refused)  # the engine refusing what a check asked of it: the finding
-    found = {f.check: f for f in check_recipe(config, tiny_recipe(), learn=False)}
+    found = checked(tmp_path)
     assert (found["outputs"].detail, found["outputs"].problem) == ("", "--hidden 0: must be a positive integer")
 
 
@@ -376,9 +372,7 @@ def test_an_option_whose_check_reads_its_default_and_its_text_differently_is_a_f
     from project.contract import Option
 
     recipe = dataclasses.replace(tiny_recipe(), options={"hidden_sizes": Option(default, lambda value: value, "w")})
-    config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs")
-    found = {f.check: f.problem for f in check_recipe(config, recipe, learn=False)}
-    assert found["options"] == problem
+    assert findings_of(tmp_path, recipe)["options"] == problem
 
 
 @pytest.mark.parametrize(("rows", "softmax"), [
@@ -400,8 +394,7 @@ def test_test_inputs_that_occur_in_training_fail_the_leakage_check(tmp_path, mon
         return self.normalize(pixels if train else pixels[:80]), labels if train else labels[:80]
 
     monkeypatch.setattr(TinyDataModule, "load_tensors", load_tensors)
-    found = {f.check: f for f in check_recipe(tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs"),
-                                               tiny_recipe(), learn=False)}
+    found = checked(tmp_path)
     assert re.fullmatch(r"FAIL  leakage: \d\d test inputs \(\d\d%\) also occur in the training split: the test "
                         r"accuracy measures memory, not generalisation; remove them from one of the splits",
                         found["leakage"].line()), found["leakage"].line()

@@ -151,6 +151,9 @@ def test_one_of_takes_a_choice_as_text_and_never_a_boolean():
         check(True)
     with pytest.raises(ValueError, match=r"^invalid choice: 'c' \(choose from True, b\)$"):
         check("c")
+
+
+def test_a_check_made_for_a_count_of_sizes_is_named_as_sizes():
     assert v.sizes_of(2, "8,16").__name__ == "sizes"  # argparse names the check in its own messages
 
 
