@@ -357,3 +357,136 @@ def test_the_template_row_is_train_itself_on_the_same_samples(steps_per_call, pe
         "optimizer_steps": result.optimizer_steps, "cuda_graphs": False, "syncs_per_step": 0.0}
     assert len(result.epoch_times) == EPOCHS + 1 and result.optimizer_steps == bench.steps(EPOCHS + 1, BATCH)
     assert not (config.logdir and __import__("pathlib").Path(config.logdir).exists())  # its folder is gone
+
+
+def test_a_gpu_rows_data_is_pinned_and_its_precision_the_one_asked(data_dir):
+    """The settings a GPU run gets, decided on the CPU (nothing is moved: the splits are only set up)."""
+    gpu = loops.bench_data(tiny_recipe(), args_for(data_dir, precision="bf16-mixed"), torch.device("cuda"))
+    assert gpu.config.pin_memory and gpu.config.precision == "bf16-mixed"
+    assert loops.EpochTimer(torch.device("cuda")).cuda and not loops.EpochTimer(CPU).cuda
+
+
+def test_a_recipe_without_per_sample_data_has_no_per_sample_rows(tmp_path):
+    from helpers import make_bars
+    from project.contract import load_recipe
+
+    recipe = load_recipe("tests.second_recipe")
+    bench = loops.bench_data(recipe, args_for(make_bars(tmp_path, n_train=50, n_test=10), limit=None), CPU)
+    assert bench.per_sample is None and not bench.reads_samples and bench.recipe is recipe
+
+
+def test_the_optimizer_follows_the_runs_schedule_and_warm_up(bench):
+    cosine = loops.BenchData(**{**vars(bench), "config": bench.config.replace(scheduler="cosine", warmup_steps=3)})
+    network, _ = cosine.network()
+    optimizer, schedule = cosine.optimizer(network, 10, CPU)
+    made, made_schedule = optimizer_and_schedule(cosine.network()[0].parameters(), "sgd", 0.2, 0.9, 5e-4, "cosine",
+                                                 3, 10, CPU)
+    rates = []
+    for _ in range(10):
+        rates.append((optimizer.param_groups[0]["lr"], made.param_groups[0]["lr"]))
+        for each in (optimizer, schedule, made, made_schedule):
+            each.step()
+    assert all(ours == theirs for ours, theirs in rates) and rates[1][0] > rates[0][0]  # warming up
+
+
+def test_the_per_sample_hand_loop_reads_through_a_dataloader_as_a_user_writes_it(data_dir, monkeypatch):
+    bench = loops.bench_data(tiny_recipe(), args_for(data_dir, num_workers=1), CPU)
+    made = []
+
+    class Recorded(torch.utils.data.DataLoader):
+        def __init__(self, dataset, **options):
+            made.append((dataset, options))
+            super().__init__(dataset, **options)
+
+    monkeypatch.setattr(loops, "DataLoader", Recorded)
+    loops.hand_loop("samples", args_for(data_dir, num_workers=1), CPU, "32-true", bench)
+    [(dataset, options)] = made
+    assert dataset is bench.per_sample  # the tests' recipe does not augment
+    assert options == {"batch_size": BATCH, "shuffle": True, "num_workers": 1, "pin_memory": False,
+                       "persistent_workers": True}
+
+
+def test_the_per_sample_hand_loop_augments_what_the_recipe_augments(tmp_path, monkeypatch):
+    from project.contract import load_recipe
+    from tests.disk_recipe.data import ShapesDataModule, write_shapes
+
+    bench = loops.bench_data(load_recipe("tests.disk_recipe"), args_for(write_shapes(tmp_path, 20, 6), limit=None,
+                                                                        val_size=4, num_workers=0), CPU)
+    wrapped = []
+
+    class Recorded(loops.AugmentedByHand):
+        def __init__(self, dataset, augment):
+            wrapped.append((dataset, augment))
+            super().__init__(dataset, augment)
+
+    monkeypatch.setattr(loops, "AugmentedByHand", Recorded)
+    loops.hand_loop("samples", args_for(bench.config.data_dir, epochs=1), CPU, "32-true", bench)
+    [(dataset, augment)] = wrapped
+    assert dataset is bench.per_sample and augment.__func__ is ShapesDataModule.augment
+
+
+def test_a_mixed_precision_row_trains_under_autocast(bench, monkeypatch):
+    autocast = []
+    make_network = bench.network
+
+    def network():
+        net, loss = make_network()
+        net.register_forward_pre_hook(lambda module, inputs: autocast.append(torch.is_autocast_enabled("cpu"))
+                                      if module.training else None)
+        return net, loss
+
+    monkeypatch.setattr(bench, "network", network)
+    loops.bare_lightning(args_for(bench.config.data_dir, epochs=1), CPU, "bf16-mixed", bench)
+    loops.hand_loop("hand", args_for(bench.config.data_dir, epochs=1), CPU, "bf16-mixed", bench)
+    assert autocast == [True] * 16
+    with loops.autocast(CPU, "bf16-mixed"):
+        assert torch.is_autocast_cache_enabled()  # the cache is on unless a capture turns it off
+
+
+def test_bare_lightning_writes_no_file_and_draws_nothing(bench, tmp_path, monkeypatch, capfd, caplog):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("INFO"):
+        loops.bare_lightning(args_for(bench.config.data_dir, epochs=1), CPU, "32-true", bench)
+    assert list(tmp_path.iterdir()) == []
+    printed = capfd.readouterr()
+    assert "Epoch" not in printed.err + printed.out
+    assert "Total params" not in caplog.text + printed.out
+
+
+def test_the_data_wait_counts_the_training_batches_fetch_only():
+    from helpers import FakeClock
+
+    time = FakeClock()
+    clock = loops.FetchClock(now=time)
+    profiler = loops._FetchProfiler(clock)
+    profiler.start("[_TrainingEpochLoop].train_dataloader_next")
+    time.advance(0.5)
+    profiler.stop("[Callback]on_train_batch_start")  # another action ends meanwhile: not the fetch
+    time.advance(0.25)
+    profiler.stop("[_TrainingEpochLoop].train_dataloader_next")
+    time.advance(1.0)
+    profiler.stop("[_TrainingEpochLoop].train_dataloader_next")  # no fetch began: nothing to add
+    profiler.start("[_EvaluationLoop].val_next")
+    time.advance(2.0)
+    profiler.stop("[_EvaluationLoop].val_next")
+    assert clock.seconds == 0.75
+
+
+@pytest.mark.parametrize(("cuda_graphs", "compile_mode"), [(True, None), (False, "default")])
+def test_the_template_row_passes_its_captures_and_compiling_on(cuda_graphs, compile_mode, bench, monkeypatch):
+    from project.training import run
+
+    class Planned(Exception):
+        pass
+
+    given = []
+
+    def train(config, recipe, datamodule, callbacks):
+        given.append(config)
+        raise Planned
+
+    monkeypatch.setattr(run, "train", train)
+    with pytest.raises(Planned):
+        loops.template(args_for(bench.config.data_dir), bench, "auto", cuda_graphs=cuda_graphs,
+                       compile_mode=compile_mode)
+    assert (given[0].cuda_graphs, given[0].compile) == (cuda_graphs, compile_mode)

@@ -57,6 +57,41 @@ def test_each_tools_settings_and_defaults(monkeypatch):
         **common, "run": "runs/v0", "out": "scalars.png", "tags": "train/loss,val/acc"}
 
 
+def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
+    recipe = tiny_recipe()
+    plot, out = str(tmp_path / "m.png"), str(tmp_path / "out")
+    assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None), "--plot", plot, "--name", "mine",
+                  "--ckpt", "last", "--json", "--debug", "--data-dir", "d", "--logdir", "l") == {
+        "debug": True, "ckpt": "last", "weights": None, "logdir": "l", "name": "mine", "data_dir": "d", "json": True,
+        "plot": plot}
+    assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "--topk", "3", "--weights",
+                  "m.pth", "--json") == {"debug": False, "inputs": ["a.png"], "ckpt": None, "weights": "m.pth",
+                                         "logdir": "lightning_logs", "name": "tiny", "topk": 3, "json": True}
+    assert parsed(monkeypatch, lambda: cli.parse_check_recipe_args(None), "--max-epochs", "3", "--no-learn",
+                  "--data-dir", "d") == {"debug": False, "data_dir": "d", "max_epochs": 3, "no_learn": True}
+    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--images", "pics", "--out", "o") == {
+        "debug": False, "name": "mine", "images": "pics", "from_package": None, "out": "o"}
+    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--n-trials", "5", "--workers", "2",
+                  "--heartbeat", "30", "--sampler-seed", "7", "--val-size", "0.25", "--study-name", "s", "--sampler",
+                  "random", "--pruner", "halving", "--accelerator", "cpu", "--space", "f.yaml", "--data-dir", "d",
+                  "--worker") == {
+        "debug": False, "space": "f.yaml", "n_trials": 5, "storage": "lightning_logs/sweeps/" + cli.SWEEP_STORAGE,
+        "workers": 2, "heartbeat": 30, "worker": True, "study_name": "s", "pruner": "halving", "sampler": "random",
+        "sampler_seed": 7, "data_dir": "d", "logdir": "lightning_logs", "val_size": 0.25, "accelerator": "cpu"}
+    assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None), "--batch-size", "32", "--epochs", "2",
+                  "--example-data", "100", "--limit", "50", "--val-size", "10", "--num-workers", "0", "--out", out,
+                  "--precision", "bf16-mixed", "--accelerator", "cpu", "--only", "hand", "--time-to-accuracy") == {
+        "debug": False, "batch_size": 32, "epochs": 2, "accelerator": "cpu", "precision": "bf16-mixed",
+        "data_dir": None, "example_data": 100, "limit": 50, "val_size": 10, "num_workers": 0, "only": "hand",
+        "time_to_accuracy": True, "out": out}
+    assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None), "--logdir", "l", "--name", "mine") == {
+        "debug": False, "logdir": "l", "name": "mine"}
+    assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None), "--json", "--bench") == {
+        "debug": False, "json": True, "bench": True}
+    assert parsed(monkeypatch, lambda: cli.parse_plot_scalars_args(None, ["a"]), "r", "--out", plot, "--tags",
+                  "x,y") == {"debug": False, "run": "r", "out": plot, "tags": "x,y"}
+
+
 @pytest.mark.parametrize(("parse", "argv", "error"), [
     (lambda: cli.parse_predict_args(tiny_recipe(), None), [],
      "predict.py: error: the following arguments are required: IMAGE|DIR"),
