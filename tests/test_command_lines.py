@@ -13,7 +13,7 @@ import pytest
 from helpers import parse_run_command_of, tiny_recipe
 from project.config import cli
 from project.config.validators import flag, positive_int
-from project.contract import Option
+from project.contract import Option, load_recipe
 from project.errors import UsageError
 
 
@@ -115,9 +115,22 @@ def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
      "check_recipe.py: error: argument --max-epochs: must be a positive integer, got 0"),
     (lambda: cli.parse_plot_scalars_args(None, ["train/loss"]), ["run", "--out", "s.txt"],
      "plot_scalars.py: error: argument --out: 's.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
+    (lambda: cli.parse_evaluate_args(tiny_recipe(), None), ["--plot", "m.txt"],
+     "evaluate.py: error: argument --plot: 'm.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
+    (lambda: cli.parse_new_recipe_args(None), ["../mine", "--images", "pics"],
+     "new_recipe.py: error: argument name: must be one plain folder name, got '../mine'"),
+    (lambda: cli.parse_runs_args(tiny_recipe(), None), ["--name", "a/b"],
+     "runs.py: error: argument --name: must be one plain folder name, got 'a/b'"),
+    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--study-name", ".."],
+     "sweep.py: error: argument --study-name: must be one plain folder name, got '..'"),
+    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--out", "/dev/null"],
+     "benchmark.py: error: argument --out: '/dev/null': is a file, not a folder"),
+    (lambda: cli.parse_check_gpu_args(None), ["--all"], "check_gpu.py: error: unrecognized arguments: --all"),
+    (lambda: cli.parse_engine_size_args(None), ["x"], "engine_size.py: error: unrecognized arguments: x"),
 ], ids=["predict-no-input", "predict-two-sources", "predict-topk", "evaluate-name", "new-recipe-source",
         "sweep-pruner", "sweep-workers", "benchmark-precision", "benchmark-two-datasets", "check-recipe-epochs",
-        "plot-scalars-out"])
+        "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out",
+        "check-gpu-flag", "engine-size-argument"])
 def test_a_tools_bad_command_line_is_one_line_and_exit_status_2(monkeypatch, capsys, parse, argv, error):
     monkeypatch.setattr(sys, "argv", ["script.py", *argv])
     with pytest.raises(SystemExit) as ended:
@@ -158,8 +171,18 @@ def test_train_help_says_each_default_and_whose_it_is(wide):
     assert help_line(text, "--compile [MODE]").startswith("--compile [MODE] ")
     for group in cli.GROUPS:
         assert f"\n{group}:\n" in text
+    mnist = cli.build_parser(load_recipe("project.recipe")).format_help()
+    assert "presets (article, fast, gpu-ddp);" in help_line(mnist, "--config FILE.yaml|PRESET")
+    shapes = cli.build_parser(load_recipe("tests.disk_recipe")).format_help()
+    assert help_line(shapes, "--channels CHANNELS").endswith("(default: 8,16)")  # a list as the flag takes it
     no_presets = dataclasses.replace(tiny_recipe(), package="tests.tiny_recipe.configs")
     assert "presets (none);" in help_line(cli.build_parser(no_presets).format_help(), "--config FILE.yaml|PRESET")
+
+
+def test_compile_alone_is_its_default_mode_and_a_mode_is_taken_as_given():
+    assert parse_run_command_of(tiny_recipe(), ["--compile"]).compile == "default"
+    assert parse_run_command_of(tiny_recipe(), ["--compile", "max-autotune"]).compile == "max-autotune"
+    assert parse_run_command_of(tiny_recipe(), []).compile is None
 
 
 def test_version_is_the_projects(capsys):
@@ -194,6 +217,8 @@ def test_a_config_is_a_file_or_one_of_the_recipes_presets(tmp_path, monkeypatch)
     with pytest.raises(UsageError) as refused:
         cli.config_path("fast", recipe)
     assert str(refused.value) == "--config fast: no such file, and not one of the recipe's presets (quick)"
+    with pytest.raises(UsageError, match=r"presets \(article, fast, gpu-ddp\)$"):
+        cli.config_path("slow", load_recipe("project.recipe"))
     no_presets = dataclasses.replace(recipe, package="tests.tiny_recipe.configs")
     with pytest.raises(UsageError, match=r"presets \(it has none\)$"):
         cli.config_path("fast", no_presets)

@@ -21,7 +21,7 @@ SCRIPTS = ("train", "evaluate", "predict", "runs", "sweep", "benchmark", "check_
 def help_of(script: str, monkeypatch, capsys) -> str:
     """The script's ``--help`` as its own ``__main__`` prints it, in this process (the tests' recipe, 100 columns)."""
     monkeypatch.setenv("COLUMNS", "100")
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--help"])
+    monkeypatch.setattr(sys, "argv", ["started-as", "--help"])  # the name shown is the script's own
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(SystemExit) as ended:
         runpy.run_path(str(ROOT / "scripts" / f"{script}.py"), run_name="__main__")

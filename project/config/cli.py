@@ -66,11 +66,11 @@ def _is_on_off(check: Any) -> bool:
     return any(candidate in (flag, flag_or_auto) for candidate in (check, getattr(check, "__wrapped__", None)))
 
 
-def build_parser(recipe: Recipe, prog: str = "train.py") -> OneLineParser:
+def build_parser(recipe: Recipe) -> OneLineParser:
     """Flags named after ``RunConfig`` fields and the recipe's options; defaults stay out of the namespace so a
     config file can set them."""
     parser = OneLineParser(
-        prog=prog, description=recipe.description,
+        prog="train.py", description=recipe.description,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -130,11 +130,10 @@ def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     return rest, trainer
 
 
-def parse_run_command(recipe: Recipe, argv: Sequence[str] | None = None,
-                      prog: str = "train.py") -> tuple[RunConfig, frozenset[str]]:
+def parse_run_command(recipe: Recipe, argv: Sequence[str] | None = None) -> tuple[RunConfig, frozenset[str]]:
     """The recipe's defaults, then the ``--config`` file, then the command line: the run's ``RunConfig``, and the
     settings the command named (flags, config file keys): a resume takes the others from the run it continues."""
-    parser = build_parser(recipe, prog)
+    parser = build_parser(recipe)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         rest, trainer = split_trainer_args(argv)
