@@ -243,8 +243,11 @@ def test_the_program_is_written_whole_and_computes_what_the_network_does(tmp_pat
 
     torch.manual_seed(0)
     network = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3)).eval()
-    path = save_program(network, (3, 2, 2), tmp_path / "out" / "model.pt2")
-    assert path == tmp_path / "out" / "model.pt2" and [p.name for p in path.parent.iterdir()] == ["model.pt2"]
+    path = save_program(network, (3, 2, 2), tmp_path / "out" / "deeper" / "model.pt2")  # folders made as needed
+    assert path == tmp_path / "out" / "deeper" / "model.pt2" and [p.name for p in path.parent.iterdir()] == [
+        "model.pt2"]
+    assert save_program(network, (3, 2, 2), path.with_name("again.pt2")).exists()  # into a folder that exists
+    path.with_name("again.pt2").unlink()
     program = torch.export.load(path).module()
     for batch in (1, 7):  # any batch size, not only the example's
         inputs = torch.rand(batch, 3, 2, 2)
@@ -258,6 +261,13 @@ def test_the_program_is_written_whole_and_computes_what_the_network_does(tmp_pat
                                          r"--export-pt2 or make the network exportable$"):
         save_program(Branching(), (3,), tmp_path / "b.pt2")
     assert not (tmp_path / "b.pt2").exists()
+
+    class Refusing(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("this network cannot be traced\nbecause of its second line")
+
+    with pytest.raises(UsageError, match=r"cannot export Refusing \(this network cannot be traced\); drop"):
+        save_program(Refusing(), (3,), tmp_path / "r.pt2")  # torch's reason, its first line
 
 
 def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
@@ -292,6 +302,25 @@ def test_each_file_gets_the_networks_top_classes_or_its_reason(tmp_path):
     assert one_field("a\\b\tc\nd\re") == r"a\\b\tc\nd\re"  # one row of fields, whatever the file is called
     assert len(dict(classify_files(tiny_recipe(), Classifier(network, "net"), [str(tmp_path / "0.png")], topk=20))[
         tmp_path / "0.png"]["topk"]) == 10  # no more classes than there are
+    [(_, alone)] = classify_files(tiny_recipe(), Classifier(network, "net"), [str(tmp_path / "1.png")])
+    assert len(alone["topk"]) == 1  # the top class only, unless asked
+
+
+def test_a_colour_image_is_classified_as_one_image_of_three_channels(tmp_path):
+    from PIL import Image
+
+    from project.contract import load_recipe
+    from project.results.prediction import classify_files
+
+    Image.new("RGB", (16, 16), (200, 30, 90)).save(tmp_path / "red.png")
+    shapes = []
+
+    def classifier(batch: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(batch.shape))
+        return torch.log_softmax(torch.tensor([[0.0, 2.0, 1.0]] * len(batch)), dim=1)
+
+    [(_, result)] = classify_files(load_recipe("tests.disk_recipe"), classifier, [str(tmp_path / "red.png")])
+    assert shapes == [(1, 3, 16, 16)] and result["class"] == 1
 
 
 def test_evaluates_table_lays_out_each_class_and_the_confusion_matrix():

@@ -294,16 +294,41 @@ def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(t
     ("I;16B", [0, 257, 65535], [0, 1, 255]),
     ("I", [0, 128, 255], [0, 128, 255]),  # 32-bit integers within 8 bits: kept
     ("I", [0, 256, 65535], [0, 1, 255]),  # past 8 bits: read as 16-bit
+    ("I", [0, 128, 256], [0, 0, 1]),  # one past 8 bits is enough
+    ("I", [0, 65407, 70000], [0, 255, 255]),  # 65407: 254.502 of 255 (top 65535); past 16 bits: clipped
+    ("F", [0.0, 0.5, 1.5], [0, 0, 2]),  # a float just past 1: 0-255 already
+    ("I;16", [0, 200, 65407], [0, 1, 255]),  # a dark 16-bit image stays dark
+    ("I;16L", [0, 200, 65407], [0, 1, 255]),
+    ("I;16N", [0, 200, 65407], [0, 1, 255]),
 ])
 def test_each_depth_is_scaled_to_8_bits_exactly(mode, values, expected):
     """Against the arithmetic by hand: round(value x 255 / top), top the depth's largest value."""
     from project.results.image_files import eight_bit
 
-    dtype = {"F": np.float32, "I;16": np.uint16, "I;16B": ">u2", "I": np.int32}[mode]
+    dtype = {"F": np.float32, "I;16": "<u2", "I;16L": "<u2", "I;16N": np.uint16, "I;16B": ">u2", "I": np.int32}[mode]
     image = Image.frombytes(mode, (3, 1), np.array(values, dtype=dtype).tobytes())
     assert image.mode == mode
     converted = eight_bit(image)
     assert converted.mode == "L" and list(converted.tobytes()) == expected
+
+
+def test_the_files_to_classify_are_those_named_then_each_folders_own_in_order(tmp_path):
+    from project.errors import UsageError
+    from project.results.image_files import image_files
+
+    folder = tmp_path / "pictures"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("b.png", "a.png", ".hidden.png", "sub/c.png"):
+        (folder / name).write_bytes(b"")
+    (tmp_path / "first.png").write_bytes(b"")
+    assert image_files([str(tmp_path / "first.png"), str(folder), "missing.png"]) == [
+        tmp_path / "first.png", folder / "a.png", folder / "b.png", Path("missing.png")]  # read, or refused, later
+    (folder / "a.png").unlink()
+    (folder / "b.png").unlink()
+    with pytest.raises(UsageError) as refused:
+        image_files([str(folder)])  # a hidden file and a subfolder only
+    assert str(refused.value) == (f"{folder}: no files in this folder (predict.py reads the files directly in it, "
+                                  "not in its subfolders)")
 
 
 def test_each_reason_an_image_file_cannot_be_used_is_its_own_line(tmp_path):
