@@ -297,7 +297,7 @@ def test_runs_started_at_the_same_moment_with_their_own_names_each_keep_theirs(t
     ("I", [0, 128, 256], [0, 0, 1]),  # one past 8 bits is enough
     ("I", [0, 65407, 70000], [0, 255, 255]),  # 65407: 254.502 of 255 (top 65535); past 16 bits: clipped
     ("F", [0.0, 0.5, 1.5], [0, 0, 2]),  # a float just past 1: 0-255 already
-    ("I;16", [0, 200, 65407], [0, 1, 255]),  # a dark 16-bit image stays dark
+    ("I;16", [0, 100, 255], [0, 0, 1]),  # a dark 16-bit image stays dark, whatever its largest value
     ("I;16L", [0, 200, 65407], [0, 1, 255]),
     ("I;16N", [0, 200, 65407], [0, 1, 255]),
 ])
