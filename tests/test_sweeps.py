@@ -438,3 +438,65 @@ def test_each_trial_says_how_long_the_rest_will_take_and_the_report_the_time_per
     text = report(study, tiny_recipe(), objective.fixed, objective.folder)
     each = [t.duration.total_seconds() for t in study.trials]
     assert f"time per trial {in_words(sum(each) / 3)} on average (3 ended; pruned ones are shorter)" in text
+
+
+def made_trial(seconds: float, state, lr: float, optimizer: str, value: float | None = None):
+    """A trial as a study records it, its duration given."""
+    import datetime
+
+    start = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    return optuna.trial.FrozenTrial(
+        number=0, trial_id=0, state=state, value=value, params={"lr": lr, "optimizer": optimizer},
+        distributions={"lr": optuna.distributions.FloatDistribution(1e-4, 1.0),
+                       "optimizer": optuna.distributions.CategoricalDistribution(["sgd", "adam"])},
+        datetime_start=start, datetime_complete=start + datetime.timedelta(seconds=seconds),
+        user_attrs={}, system_attrs={}, intermediate_values={})
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # as the sweep's quiet() does
+def test_the_report_is_its_best_trials_whole_and_best_yaml_the_best_trials_config(tmp_path):
+    """Trials made by hand: the report's every line, best.yaml and best_trials.md, against values written out."""
+    from project.sweeps.report import report
+
+    study = optuna.create_study(direction="maximize", study_name="made")
+    for seconds, lr, optimizer, value in [(30, 0.123456, "sgd", 0.91), (60, 0.05, "adam", 0.97), (40, 0.2, "sgd", 0.93),
+                                          (50, 0.3, "sgd", 0.92), (20, 0.01, "adam", 0.95), (70, 0.4, "sgd", 0.90)]:
+        study.add_trial(made_trial(seconds, TrialState.COMPLETE, lr, optimizer, value))
+    study.add_trial(made_trial(10, TrialState.PRUNED, 0.6, "sgd"))
+    study.add_trial(made_trial(500, TrialState.FAIL, 0.7, "adam"))  # no time of its own in the average
+    folder = tmp_path / "report"
+    text = report(study, tiny_recipe(), {"scheduler": "none", "max_epochs": 2}, folder)
+    assert text.splitlines()[:12] == [
+        "study made: 8 trials (6 complete, 1 pruned, 1 fail)",
+        "time per trial 40 s on average (7 ended; pruned ones are shorter)",  # (30+60+40+50+20+70+10) / 7
+        "",
+        "| trial | val/acc | lr | optimizer |",
+        "|---:|---:|---|---|",
+        "| 1 | 0.9700 | 0.05 | adam |",
+        "| 4 | 0.9500 | 0.01 | adam |",
+        "| 2 | 0.9300 | 0.2 | sgd |",
+        "| 3 | 0.9200 | 0.3 | sgd |",
+        "| 0 | 0.9100 | 0.1235 | sgd |",  # five best, floats to four figures
+        "",
+        f"best config  {folder / 'best.yaml'}  (train.py --config {folder / 'best.yaml'})",
+    ]
+    assert text.splitlines()[12:] == [f"history plot  {folder / 'history.png'}",
+                                      f"importance plot  {folder / 'importance.png'}"]
+    assert (folder / "best_trials.md").read_text() == text + "\n"
+    best = (folder / "best.yaml").read_text()
+    assert best.startswith("# best of study made: trial 1, val/acc 0.9700\n")
+    config = yaml.safe_load(best)
+    assert (config["lr"], config["optimizer"], config["scheduler"], config["max_epochs"]) == (0.05, "adam", "none", 2)
+    assert config["batch_size"] == tiny_recipe().defaults["batch_size"]  # what neither set: the recipe's
+    assert not {"data_dir", "logdir", "name"} & set(config)  # the machine's own, not the trial's
+
+
+def test_a_report_before_any_trial_completed_says_so(tmp_path):
+    from project.sweeps.report import report
+
+    study = optuna.create_study(direction="maximize", study_name="early")
+    study.add_trial(made_trial(12, TrialState.PRUNED, 0.6, "sgd"))
+    assert report(study, tiny_recipe(), {}, tmp_path / "deeper" / "report") == (
+        "study early: 1 trials (1 pruned)\ntime per trial 12 s on average (1 ended; pruned ones are shorter)\n"
+        "no trial completed yet")
+    assert (tmp_path / "deeper" / "report").is_dir() and not (tmp_path / "deeper" / "report" / "best.yaml").exists()
