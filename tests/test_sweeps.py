@@ -500,3 +500,76 @@ def test_a_report_before_any_trial_completed_says_so(tmp_path):
         "study early: 1 trials (1 pruned)\ntime per trial 12 s on average (1 ended; pruned ones are shorter)\n"
         "no trial completed yet")
     assert (tmp_path / "deeper" / "report").is_dir() and not (tmp_path / "deeper" / "report" / "best.yaml").exists()
+
+
+def test_a_journal_trial_whose_worker_died_is_failed_and_run_again_once_and_no_other(tmp_path):
+    """Trials left running, each by another kind of worker: only those this machine's dead processes left are
+    failed, each enqueued again with its parameters and the number of the trial it repeats."""
+    import socket
+
+    import psutil
+
+    from project.sweeps.storage import owner, retried_from, retry_dead_workers_trials
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(ended.stdout)  # a process that has exited (its PID is not reused within the test)
+    here = socket.gethostname()
+    storage = open_storage(str(tmp_path / "s.journal"))
+    study = optuna.create_study(study_name="left", storage=storage, direction="maximize")
+    workers = {
+        "mine, alive": owner(),
+        "exited": f"{here}:{dead_pid}:12345.00",
+        "its PID reused": f"{here}:{os.getpid()}:{psutil.Process().create_time() - 60:.2f}",
+        "another machine's": f"not-{here}:{dead_pid}:12345.00",
+        "unreadable": f"{here}:not-a-pid:1.00",
+        "unrecorded": None,
+    }
+    numbers = {}
+    for name, worker in workers.items():
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0)})
+        if worker is not None:
+            trial.set_user_attr("worker", worker)
+        numbers[name] = trial.number
+    lrs = {t.number: t.params["lr"] for t in study.trials}
+    failed = retry_dead_workers_trials(study, storage)
+    assert failed == [numbers["exited"], numbers["its PID reused"], numbers["unreadable"]]
+    states = {t.number: t.state for t in study.trials}
+    assert {n for n, s in states.items() if s == TrialState.FAIL} == set(failed)
+    assert {n for n, s in states.items() if s == TrialState.RUNNING} == set(numbers.values()) - set(failed)
+    waiting = [t for t in study.get_trials(deepcopy=True) if t.state == TrialState.WAITING]
+    assert [(retried_from(t), t.params["lr"]) for t in waiting] == [(n, lrs[n]) for n in failed]
+    assert retry_dead_workers_trials(study, storage) == []  # failed once: not again
+    assert retry_dead_workers_trials(study, optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'r.db'}")) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"no newline at all", b"one\ntwo\n", b"one\ntwo\ncut",
+                                     b"x" * 70000 + b"\n" + b"y" * 70000,  # its last newline two reads back
+                                     b"\n" + b"z" * 65536, b"a\n" * 40000 + b"cut"])
+def test_a_journals_complete_records_end_at_its_last_newline(tmp_path, content):
+    from project.sweeps.storage import _end_of_last_record
+
+    path = tmp_path / "j"
+    path.write_bytes(content)
+    with open(path, "rb") as journal:
+        end = _end_of_last_record(journal)
+        assert end == content.rfind(b"\n") + 1 and journal.tell() == end
+
+
+def test_a_trial_runs_again_at_most_twice_after_its_worker_died(tmp_path):
+    import socket
+
+    from project.sweeps.storage import retried_from, retry_dead_workers_trials
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"{socket.gethostname()}:{int(ended.stdout)}:12345.00"
+    storage = open_storage(str(tmp_path / "s.journal"))
+    study = optuna.create_study(study_name="again", storage=storage, direction="maximize")
+    waiting_after_each = []
+    for run in range(3):  # the first run and the two it gets again, each left by a worker that died
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0)})
+        trial.set_user_attr("worker", dead)
+        assert trial.number == run and retry_dead_workers_trials(study, storage) == [run]
+        waiting_after_each.append(len(study.get_trials(states=(TrialState.WAITING,))))
+    assert waiting_after_each == [1, 1, 0]
+    assert [retried_from(t) for t in study.get_trials(deepcopy=True)] == [None, 0, 0]
+    assert len({t.params["lr"] for t in study.trials}) == 1
