@@ -573,3 +573,53 @@ def test_a_trial_runs_again_at_most_twice_after_its_worker_died(tmp_path):
     assert waiting_after_each == [1, 1, 0]
     assert [retried_from(t) for t in study.get_trials(deepcopy=True)] == [None, 0, 0]
     assert len({t.params["lr"] for t in study.trials}) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_database_storage_sends_heartbeats_and_retries_a_dead_workers_trial_twice(tmp_path):
+    from project.sweeps.storage import RETRIES, _rdb
+
+    storage = _rdb(f"sqlite:///{tmp_path / 'h.db'}", 30, shown="sqlite:///h.db")  # any RDB URL: SQLite is here
+    assert (storage.heartbeat_interval, storage.grace_period) == (30, 60)
+    study = optuna.create_study(study_name="beats", storage=storage, direction="maximize")
+    retry = storage.get_heartbeat_stale_trial_callback()  # what a trial whose heartbeats stopped gets
+    enqueued = []
+    for _ in range(RETRIES + 1):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0)})
+        study.tell(trial, state=TrialState.FAIL)
+        retry(study, study.trials[trial.number])
+        enqueued.append(len(study.get_trials(states=(TrialState.WAITING,))))
+    assert enqueued == [1, 1, 0]
+
+
+@pytest.mark.parametrize(("errors", "slept", "said"), [
+    (["(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint"], [0.2], None),
+    (["relation \"studies\" already exists"] * 3, [0.2, 0.4, 0.6], None),
+    (["relation \"studies\" already exists"] * 4, [0.2, 0.4, 0.6],
+     "--storage postgresql://u:***@h/db: cannot open it (relation \"studies\" already exists)"),
+    (["(psycopg.OperationalError) connection refused\nmore"], [],
+     "--storage postgresql://u:***@h/db: cannot open it (connection refused)"),
+])
+def test_workers_racing_to_make_a_new_databases_tables_try_again(monkeypatch, errors, slept, said):
+    """The loser of the race to create the tables tries again after 0.2, 0.4, 0.6 s; any other failure, or a fourth,
+    is one line naming the URL without its password."""
+    from project.sweeps import storage as storages
+
+    left, waits, made = list(errors), [], []
+
+    def rdb_storage(url, **options):
+        if left:
+            raise RuntimeError(left.pop(0))
+        made.append((url, options))
+        return "opened"
+
+    monkeypatch.setattr(storages, "RDBStorage", rdb_storage)
+    monkeypatch.setattr(storages.time, "sleep", waits.append)
+    if said is None:
+        assert storages._rdb("postgresql+psycopg://u:pw@h/db", 5, shown="postgresql://u:pw@h/db") == "opened"
+        assert made[0][0] == "postgresql+psycopg://u:pw@h/db" and made[0][1]["heartbeat_interval"] == 5
+    else:
+        with pytest.raises(UsageError) as refused:
+            storages._rdb("postgresql+psycopg://u:pw@h/db", 5, shown="postgresql://u:pw@h/db")
+        assert str(refused.value) == said
+    assert waits == pytest.approx(slept)
