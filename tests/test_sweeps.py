@@ -623,3 +623,62 @@ def test_workers_racing_to_make_a_new_databases_tables_try_again(monkeypatch, er
             storages._rdb("postgresql+psycopg://u:pw@h/db", 5, shown="postgresql://u:pw@h/db")
         assert str(refused.value) == said
     assert waits == pytest.approx(slept)
+
+
+def test_a_grid_steps_from_low_to_high_inclusive_by_one_unless_told():
+    assert grid({"max_epochs": {"type": "int", "low": 2, "high": 5}}) == {"max_epochs": [2, 3, 4, 5]}
+    assert grid({"x": {"type": "int", "low": -2, "high": 2, "step": 2}}) == {"x": [-2, 0, 2]}
+    assert grid({"x": {"type": "int", "low": 1, "high": 6, "step": 2}}) == {"x": [1, 3, 5]}  # high not on a step
+    assert grid({"x": {"type": "float", "low": 0.5, "high": 1.5, "step": 0.5}}) == {"x": [0.5, 1.0, 1.5]}
+
+
+def test_a_study_resumed_with_another_space_names_both(tmp_path):
+    from project.sweeps.study import check_same_space
+
+    study = open_study("two", str(tmp_path / "s.journal"), "none", 0)
+    study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0),
+               "momentum": optuna.distributions.FloatDistribution(0.5, 0.99)})
+    check_same_space(study, {"momentum": {}, "lr": {}}, "two")  # the same space, in any order
+    with pytest.raises(UsageError) as refused:
+        check_same_space(study, {"lr": {}, "batch_size": {}}, "two")
+    assert str(refused.value) == ("--study-name two: its trials searched lr, momentum; this space searches "
+                                  "batch_size, lr: choose another --study-name for another space")
+
+
+def test_a_worker_recovers_dead_workers_trials_before_its_own_and_after_each(monkeypatch, tmp_path, capsys):
+    from project.sweeps import study as sweep
+
+    storage = open_storage(str(tmp_path / "s.journal"))
+    study = optuna.create_study(study_name="recovering", storage=storage, direction="maximize")
+    asked = []
+    monkeypatch.setattr(sweep, "retry_dead_workers_trials", lambda s, st: asked.append(st) or [7 + len(asked)])
+
+    def objective(trial):
+        return trial.suggest_float("lr", 0.01, 1.0)
+
+    sweep.run_trials(study, storage, objective, 2)
+    assert asked == [storage] * 3  # before the first trial, then after each
+    assert capsys.readouterr().out.splitlines() == [
+        f"trial {n}: its worker died; failed, and enqueued again" for n in (8, 9, 10)]
+
+
+def test_a_lost_storage_says_what_it_answered(monkeypatch, tmp_path):
+    from sqlalchemy.exc import OperationalError
+
+    from project.sweeps import study as sweep
+
+    study = open_study("lost", str(tmp_path / "s.journal"), "none", 0)
+    monkeypatch.setattr(study, "optimize", lambda *a, **k: (_ for _ in ()).throw(
+        OperationalError("SELECT", {}, Exception("server closed the connection"))))
+    with pytest.raises(UserError) as refused:
+        sweep.run_trials(study, open_storage(str(tmp_path / "s.journal")), types.SimpleNamespace(), 1)
+    assert str(refused.value).startswith("the study's storage stopped answering ((builtins.Exception) server closed")
+    assert str(refused.value).endswith("; the trials that ended are in it: run the same command again once it is back")
+
+
+def test_the_time_left_is_unknown_before_any_trial_ended():
+    import math
+
+    from project.sweeps.study import time_left
+
+    assert math.isnan(time_left([], 3))
