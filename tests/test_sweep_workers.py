@@ -1,0 +1,113 @@
+"""How a sweep shares out its machine, in this process: how many workers and which devices or cores each gets,
+how the trials are split, what each worker's process is given, and one line when one fails.
+(``tests/test_sweeps.py`` runs the workers for real.)"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from helpers import tiny_recipe
+from project.config.schema import RunConfig
+from project.errors import UsageError, UserError
+from project.sweeps import workers as sweep_workers
+from project.sweeps.workers import Worker, devices_per_trial, plan_workers, run_workers, shares
+
+
+def config(**settings) -> RunConfig:
+    return RunConfig.for_recipe(tiny_recipe(), **settings)
+
+
+@pytest.mark.parametrize(("settings", "params", "per_trial"), [
+    ({}, {}, 1),
+    ({"accelerator": "cpu", "devices": 2}, {}, 2),
+    ({"accelerator": "cpu", "devices": 2, "num_nodes": 2}, {}, 2),  # devices on this machine, not in all
+    ({"accelerator": "cpu", "devices": [0, 1, 2]}, {}, 3),
+    ({"accelerator": "cpu"}, {"devices": {"type": "categorical", "choices": [1, 4, 2]}}, 4),
+    ({"accelerator": "cpu"}, {"devices": {"type": "int", "low": 1, "high": 3}}, 3),
+    ({"accelerator": "cpu", "num_nodes": 2}, {"devices": {"type": "categorical", "choices": [2]}}, 2),
+])
+def test_a_trial_uses_its_largest_device_count_on_this_machine(settings, params, per_trial):
+    assert devices_per_trial(config(**settings), params) == per_trial
+
+
+def test_cpu_workers_share_the_cores_each_its_own(monkeypatch):
+    monkeypatch.setattr(sweep_workers.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
+    cpu = config(accelerator="cpu")
+    assert plan_workers("auto", cpu, {}) == [Worker(cores=(0, 1, 2, 3, 4, 5, 6))]
+    assert plan_workers(2, cpu, {}) == [Worker(cores=(0, 1, 2)), Worker(cores=(3, 4, 5))]
+    assert plan_workers(7, cpu, {}) == [Worker(cores=(i,)) for i in range(7)]
+    assert plan_workers(8, cpu, {}) == [Worker()] * 8  # more workers than cores: the kernel shares them out
+
+
+def test_gpu_workers_each_get_the_gpus_a_trial_needs(monkeypatch):
+    monkeypatch.setattr(sweep_workers, "resolve_accelerator", lambda accelerator: "cuda")
+    monkeypatch.setattr(sweep_workers.torch.cuda, "device_count", lambda: 5)
+    gpu = config(accelerator="cpu", devices=2)  # planned as if on a 5-GPU machine
+    assert plan_workers("auto", gpu, {}) == [Worker(gpus=(0, 1)), Worker(gpus=(2, 3))]
+    assert plan_workers(1, gpu, {}) == [Worker(gpus=(0, 1))]
+    assert plan_workers("auto", config(accelerator="cpu", devices=[0]), {}) == [Worker(gpus=(i,)) for i in range(5)]
+    with pytest.raises(UsageError) as refused:
+        plan_workers(3, gpu, {})
+    assert str(refused.value) == "--workers 3: 3 worker(s) x 2 GPU(s) per trial needs 6 GPUs; this machine has 5"
+    with pytest.raises(UsageError, match=r"^--workers 1: 1 worker\(s\) x 6 GPU\(s\) per trial needs 6 GPUs;"):
+        plan_workers("auto", config(accelerator="cpu", devices=[0, 1, 2, 3, 4, 5]), {})  # a trial wider than it
+
+
+@pytest.mark.parametrize(("n_trials", "workers", "split"), [
+    (7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (2, 4, [1, 1, 0, 0]), (0, 2, [0, 0]), (1, 1, [1])])
+def test_the_trials_are_split_as_evenly_as_they_go(n_trials, workers, split):
+    assert shares(n_trials, workers) == split and sum(split) == n_trials
+
+
+def test_what_each_worker_is_given_and_called(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    on_gpus, on_cores = Worker(gpus=(2, 3)), Worker(cores=(0, 1, 2))
+    assert on_gpus.environment()["CUDA_VISIBLE_DEVICES"] == "2,3" and "OMP_NUM_THREADS" not in on_gpus.environment()
+    assert on_cores.environment()["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert on_cores.environment()["OMP_NUM_THREADS"] == "1"  # the user's own setting kept
+    assert Worker().environment() == dict(os.environ)
+    assert (on_gpus.describe(), on_cores.describe(), Worker(cores=(4,)).describe()) == (
+        "cuda:2,3", "cpu cores 0,1,2", "cpu core 4")
+
+
+def test_a_worker_is_pinned_to_what_its_parent_gave_it(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(sweep_workers.os, "sched_getaffinity", lambda pid: {3, 1})
+    assert Worker.current() == Worker(cores=(1, 3))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    monkeypatch.setattr(sweep_workers.torch.cuda, "is_available", lambda: True)
+    assert Worker.current() == Worker(gpus=(2, 5))
+
+
+def test_the_workers_run_their_shares_with_their_seeds_and_a_failure_is_one_line(monkeypatch, tmp_path):
+    """Each worker is the sweep script again: here a stand-in that writes what it was given."""
+    stand_in = tmp_path / "sweep.py"
+    stand_in.write_text(
+        "import json, os, sys\n"
+        f"out = {str(tmp_path)!r}\n"
+        "name = os.path.join(out, 'worker-' + sys.argv[sys.argv.index('--n-trials') + 1] + '-' + str(os.getpid()))\n"
+        "json.dump({'argv': sys.argv[1:], 'threads': os.environ.get('OMP_NUM_THREADS')}, open(name, 'w'))\n"
+        "sys.exit(3 if '--fail' in sys.argv else 0)\n")
+    monkeypatch.setattr(sweep_workers, "SWEEP_SCRIPT", stand_in)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = sorted(os.sched_getaffinity(0))[:1]
+    run_workers([Worker(cores=tuple(cores)), Worker(cores=tuple(cores)), Worker()], 5, ["--space", "s.yaml"], 10)
+    given = sorted((json.loads(p.read_text()) for p in tmp_path.glob("worker-*")), key=lambda g: g["argv"])
+    assert [g["argv"] for g in given] == [
+        ["--space", "s.yaml", "--sampler-seed", str(seed), "--workers", "1", "--n-trials", str(count), "--worker"]
+        for seed, count in ((10, 2), (11, 2), (12, 1))]
+    assert [g["threads"] for g in given] == ["1", "1", None]
+    for made in tmp_path.glob("worker-*"):
+        made.unlink()
+    run_workers([Worker(), Worker()], 1, [], None)  # the worker with no trial is not started; no seed given
+    [alone] = [json.loads(p.read_text()) for p in tmp_path.glob("worker-*")]
+    assert alone["argv"] == ["--workers", "1", "--n-trials", "1", "--worker"]
+    with pytest.raises(UserError) as failed:
+        run_workers([Worker(cores=tuple(cores)), Worker()], 2, ["--fail"], None)
+    assert str(failed.value) == (f"2 of 2 workers failed (the one on cpu core {cores[0]} exited with 3; its error is "
+                                 "above); the others' trials are in the study")
