@@ -111,3 +111,55 @@ def test_the_workers_run_their_shares_with_their_seeds_and_a_failure_is_one_line
         run_workers([Worker(cores=tuple(cores)), Worker()], 2, ["--fail"], None)
     assert str(failed.value) == (f"2 of 2 workers failed (the one on cpu core {cores[0]} exited with 3; its error is "
                                  "above); the others' trials are in the study")
+
+
+STAND_IN_TRAIN = """\
+import json, os, sys, yaml
+spec = yaml.safe_load(open(sys.argv[sys.argv.index("--config") + 1]))
+version = sys.argv[sys.argv.index("--run-version") + 1]
+json.dump({"spec": spec, "version": version}, open(os.environ["GIVEN"], "w"))
+outcome = os.environ["OUTCOME"]
+if outcome != "ok":
+    sys.exit(print("a warning first", file=sys.stderr) or print(outcome, file=sys.stderr) or 2)
+if not spec["fast_dev_run"]:
+    run = os.path.join(spec["logdir"], spec["name"], version)
+    os.makedirs(run)
+    json.dump({"val/acc_best": 0.8125}, open(os.path.join(run, "results.json"), "w"))
+"""
+
+
+@pytest.mark.parametrize(("outcome", "fast", "expected"), [
+    ("ok", False, 0.8125),
+    ("ok", True, "nan"),
+    ("train.py: error: the loss became non-finite at step 3", False, "NonFiniteLossError: the loss became non-finite "
+                                                                       "at step 3"),
+    ("train.py: error: --lr: must be positive", False, "UserError: trial trial_004 (train.py --config, 2 devices) "
+                                                       "failed: --lr: must be positive"),
+])
+def test_a_trial_on_several_devices_is_its_own_train_py_and_reports_back(monkeypatch, tmp_path, outcome, fast,
+                                                                         expected):
+    """DDP starts its ranks by running the command again: such a trial is ``train.py --config`` of its settings,
+    run here by a stand-in that writes what it was given."""
+    import math
+
+    from project.sweeps import study as sweep
+
+    script = tmp_path / "train.py"
+    script.write_text(STAND_IN_TRAIN)
+    monkeypatch.setattr(sweep, "TRAIN_SCRIPT", script)
+    monkeypatch.setenv("GIVEN", str(tmp_path / "given.json"))
+    monkeypatch.setenv("OUTCOME", outcome)
+    trial = config(accelerator="cpu", devices=2, logdir=str(tmp_path / "logs"), name="sweep", lr=0.3,
+                   run_version="trial_004", fast_dev_run=fast)
+    try:
+        got: object = sweep.train_in_own_process(trial)
+    except Exception as err:  # noqa: BLE001 - which one is the point
+        got = f"{type(err).__name__}: {err}"
+    if expected == "nan":
+        assert isinstance(got, float) and math.isnan(got)
+    else:
+        assert got == expected
+    given = json.loads((tmp_path / "given.json").read_text())
+    assert given["version"] == "trial_004" and given["spec"]["fast_dev_run"] is fast
+    assert {k: given["spec"][k] for k in ("lr", "devices", "name", "logdir")} == {
+        "lr": 0.3, "devices": 2, "name": "sweep", "logdir": str(tmp_path / "logs")}
