@@ -439,6 +439,10 @@ MUTANTS = (
            "several still validates at its epoch's end", 'project/training/steps_per_call.py',
            'counts[key] += shift', 'counts[key] += 0',
            ("tests/test_steps_per_call.py::test_resuming_mid_epoch_gives_the_uninterrupted_state",)),
+    Mutant('diverged-trial-not-counted', "a sweep's estimate of the time left counts the trials left, a diverged one "
+           "included", 'project/sweeps/study.py',
+           '        self.trials_left = max(0, self.trials_left - 1)  # a diverged trial counts too\n', '',
+           ("tests/test_sweep_workers.py::test_a_trial_trains_its_settings_on_data_loaded_once_and_says_how_it_went",)),
 )
 
 

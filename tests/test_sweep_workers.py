@@ -163,3 +163,144 @@ def test_a_trial_on_several_devices_is_its_own_train_py_and_reports_back(monkeyp
     assert given["version"] == "trial_004" and given["spec"]["fast_dev_run"] is fast
     assert {k: given["spec"][k] for k in ("lr", "devices", "name", "logdir")} == {
         "lr": 0.3, "devices": 2, "name": "sweep", "logdir": str(tmp_path / "logs")}
+
+
+def test_each_parameter_is_asked_of_optuna_as_its_space_says():
+    import optuna
+
+    from project.sweeps.study import suggest
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    values = suggest(trial, {
+        "optimizer": {"type": "categorical", "choices": ["sgd", "adam"]},
+        "max_epochs": {"type": "int", "low": 2, "high": 8, "step": 2},
+        "hidden": {"type": "int", "low": 16, "high": 256, "log": True},
+        "batch_size": {"type": "int", "low": 32, "high": 64},
+        "lr": {"type": "float", "low": 0.001, "high": 0.5, "log": True},
+        "momentum": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
+        "weight_decay": {"type": "float", "low": 0.0, "high": 0.01},
+    })
+    D = optuna.distributions
+    assert trial.distributions == {
+        "optimizer": D.CategoricalDistribution(["sgd", "adam"]),
+        "max_epochs": D.IntDistribution(2, 8, step=2), "hidden": D.IntDistribution(16, 256, log=True),
+        "batch_size": D.IntDistribution(32, 64),
+        "lr": D.FloatDistribution(0.001, 0.5, log=True), "momentum": D.FloatDistribution(0.5, 0.9, step=0.1),
+        "weight_decay": D.FloatDistribution(0.0, 0.01)}
+    assert values == trial.params
+
+
+class Trained:
+    """What ``train()`` gives a trial: its best ``val/acc``."""
+
+    def __init__(self, best_val: float) -> None:
+        self.best_val = best_val
+
+
+def objective_with(monkeypatch, tmp_path, outcomes: list, **fixed):
+    """An ``Objective`` whose runs are stand-ins: each takes the next outcome (a score, ``"pruned"`` after two
+    epochs, or an error to raise) and records what it was given."""
+    import types
+
+    from project.sweeps import study as sweep
+
+    given = types.SimpleNamespace(trains=[], own_process=[], datamodules=0)
+
+    def train(config, recipe, datamodule, callbacks, test):
+        given.trains.append((config, recipe, datamodule, callbacks, test))
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome == "pruned":
+            callbacks[0].pruned, callbacks[0].epochs = True, 2
+            return Trained(0.5)
+        return Trained(outcome)
+
+    def own_process(config):
+        given.own_process.append(config)
+        return outcomes.pop(0)
+
+    def build(config, recipe):
+        given.datamodules += 1
+        return f"data {given.datamodules}"
+
+    monkeypatch.setattr(sweep, "train", train)
+    monkeypatch.setattr(sweep, "train_in_own_process", own_process)
+    monkeypatch.setattr(sweep, "build_datamodule", build)
+    params = {"lr": {"type": "categorical", "choices": [0.1]}}
+    base = {"logdir": str(tmp_path / "logs"), "name": "trials"}
+    return sweep.Objective(tiny_recipe(), {"scheduler": "none", **fixed}, params, base, tmp_path), given
+
+
+def test_a_trial_trains_its_settings_on_data_loaded_once_and_says_how_it_went(monkeypatch, tmp_path, capsys):
+    import re
+
+    import optuna
+
+    from project.errors import NonFiniteLossError
+    from project.sweeps.storage import owner
+
+    objective, given = objective_with(monkeypatch, tmp_path, [0.75, "pruned", NonFiniteLossError("loss nan at 3"),
+                                                              0.5])
+    objective.trials_left = 4
+    study = optuna.create_study(direction="maximize", study_name="said")
+    study.optimize(objective, n_trials=4)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
+    assert [t.value for t in study.trials] == [0.75, None, None, 0.5]
+    config, recipe, datamodule, callbacks, test = given.trains[0]
+    assert (config.lr, config.scheduler, config.run_version, config.name) == (0.1, "none", "trial_000", "trials")
+    assert recipe is objective.recipe and not test and type(callbacks[0]).__name__ == "PruneOnValAcc"
+    assert [d for _, _, d, _, _ in given.trains] == ["data 1"] * 4 and given.datamodules == 1  # loaded once
+    assert study.trials[0].user_attrs["worker"] == owner() and study.trials[0].user_attrs["devices"].startswith("cpu")
+    assert study.trials[2].user_attrs["diverged"] == "loss nan at 3"
+    lines = capsys.readouterr().out.splitlines()
+    time_each = r"in \d+\.\d s"
+    assert re.fullmatch(rf"trial 0: val/acc 0\.7500 {time_each}; about \S+( \S+)* for the 3 left at \S+( \S+)* a "
+                        r"trial  \{'lr': 0\.1\}", lines[0]), lines[0]
+    assert re.fullmatch(rf"trial 1: pruned after 2 epoch\(s\) {time_each}; .* for the 2 left .*", lines[1]), lines[1]
+    assert lines[2] == "trial 2: diverged, pruned (loss nan at 3)"
+    assert re.fullmatch(rf"trial 3: val/acc 0\.5000 {time_each}  \{{'lr': 0\.1\}}", lines[3]), lines[3]
+    assert objective.trials_left == 0 and len(objective.seconds_each) == 3
+
+
+def test_a_trial_on_two_devices_trains_in_its_own_process(monkeypatch, tmp_path):
+    import optuna
+
+    objective, given = objective_with(monkeypatch, tmp_path, [0.625], accelerator="cpu", devices=2)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=1)
+    assert study.trials[0].value == 0.625 and not given.trains
+    assert [c.devices for c in given.own_process] == [2] and given.own_process[0].run_version == "trial_000"
+
+
+def test_a_repeated_trial_says_which_it_repeats(monkeypatch, tmp_path, capsys):
+    import optuna
+
+    from project.sweeps.storage import open_storage, retry_dead_workers_trials
+
+    storage = open_storage(str(tmp_path / "s.journal"))
+    study = optuna.create_study(direction="maximize", storage=storage, study_name="again")
+    left = study.ask({"lr": optuna.distributions.CategoricalDistribution([0.1])})
+    left.set_user_attr("worker", "here-no-more:1:1.00")
+    monkeypatch.setattr("project.sweeps.storage._alive", lambda recorded: False)
+    assert retry_dead_workers_trials(study, storage) == [0]
+    objective, _ = objective_with(monkeypatch, tmp_path, [0.9])
+    study.optimize(objective, n_trials=1)
+    assert capsys.readouterr().out.startswith("trial 1 (repeats trial 0): val/acc 0.9000 in ")
+
+
+def test_a_stopped_trial_stops_the_sweep_with_what_to_do(monkeypatch, tmp_path):
+    import optuna
+
+    from project.errors import Terminated
+
+    stop = Terminated("stopped by SIGTERM after step 12 (checkpoint saved)")
+    stop.exit_code = 130
+    objective, _ = objective_with(monkeypatch, tmp_path, [stop])
+    study = optuna.create_study(direction="maximize")
+    with pytest.raises(Terminated) as stopped:
+        study.optimize(objective, n_trials=1)
+    assert str(stopped.value) == ("stopped by SIGTERM during trial 0; the trials that ended are in the study: run the "
+                                  "same sweep.py command again to go on with it")
+    assert stopped.value.exit_code == 130

@@ -260,6 +260,7 @@ class Objective:
         config = self.trial_config(suggest(trial, self.params)).replace(run_version=f"trial_{trial.number:03d}")
         started = time.perf_counter()
         pruning = PruneOnValAcc(trial)
+        self.trials_left = max(0, self.trials_left - 1)  # a diverged trial counts too
         try:
             if expected_world_size(config) > 1:
                 best_val = train_in_own_process(config)
@@ -280,7 +281,6 @@ class Objective:
             raise stopped from None
         seconds = time.perf_counter() - started
         self.seconds_each.append(seconds)
-        self.trials_left = max(0, self.trials_left - 1)
         state = f"pruned after {pruning.epochs} epoch(s)" if pruning.pruned else f"val/acc {best_val:.4f}"
         again = f" (repeats trial {retried})" if retried is not None else ""
         rest = (f"; about {in_words(time_left(self.seconds_each, self.trials_left))} for the {self.trials_left} "
