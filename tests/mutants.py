@@ -443,6 +443,10 @@ MUTANTS = (
            "included", 'project/sweeps/study.py',
            '        self.trials_left = max(0, self.trials_left - 1)  # a diverged trial counts too\n', '',
            ("tests/test_sweep_workers.py::test_a_trial_trains_its_settings_on_data_loaded_once_and_says_how_it_went",)),
+    Mutant('foreign-journal-traceback', "a journal file another program wrote is one line, not a traceback",
+           'project/sweeps/storage.py', 'UNREADABLE_JOURNAL = (ValueError, AssertionError, LookupError, TypeError)',
+           'UNREADABLE_JOURNAL = (ValueError, AssertionError)',
+           ("tests/test_sweeps.py::test_a_journal_that_cannot_be_used_says_why",)),
 )
 
 

@@ -682,3 +682,99 @@ def test_the_time_left_is_unknown_before_any_trial_ended():
     from project.sweeps.study import time_left
 
     assert math.isnan(time_left([], 3))
+
+
+@pytest.mark.parametrize(("spec", "opened"), [
+    ("postgresql://u:pw@h/db", ("postgresql+psycopg://u:pw@h/db", 60, "postgresql://u:pw@h/db")),
+    ("postgresql+psycopg2://u:pw@h/db", ("postgresql+psycopg2://u:pw@h/db", 60, "postgresql+psycopg2://u:pw@h/db")),
+    ("mysql://u:pw@h/db", ("mysql://u:pw@h/db", 60, "mysql://u:pw@h/db")),
+])
+def test_a_database_url_is_opened_with_the_driver_it_names_or_ours(monkeypatch, spec, opened):
+    from project.sweeps import storage as storages
+
+    made = []
+    monkeypatch.setattr(storages, "_rdb", lambda url, heartbeat, shown: made.append((url, heartbeat, shown)) or "db")
+    assert storages.open_storage(spec) == "db" and made == [opened]
+    assert storages.open_storage(spec, heartbeat=5) == "db" and made[-1][1] == 5
+
+
+def test_a_database_without_its_driver_and_sqlite_under_any_driver_are_one_line(monkeypatch):
+    import builtins
+
+    from project.sweeps import storage as storages
+
+    with pytest.raises(UsageError) as refused:
+        storages.open_storage("sqlite+pysqlite:///s.db")
+    assert str(refused.value) == ("--storage sqlite+pysqlite:///s.db: SQLite locks the whole file and fails under "
+                                  "parallel workers; use a journal file (--storage sweeps.journal) on one machine, "
+                                  "PostgreSQL on several")
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                        if name == "psycopg" else real_import(name, *a, **k))
+    with pytest.raises(UsageError) as refused:
+        storages.open_storage("postgresql://u:pw@h/db")
+    assert str(refused.value) == "--storage postgresql://...: needs the psycopg driver: pip install -e '.[postgres]'"
+
+
+def test_a_cut_record_is_set_aside_whole_and_named(monkeypatch, tmp_path, capsys):
+    from project.sweeps import storage as storages
+
+    journal = tmp_path / "s.journal"
+    journal.write_bytes(b'{"op": 1}\n{"op": 2}\n{"op": 3, "cut')
+    monkeypatch.setattr(storages.time, "strftime", lambda fmt: {"%Y%m%d-%H%M%S": "20260102-030405"}[fmt])
+    aside = storages.set_aside_a_cut_record(journal)
+    assert aside == tmp_path / f"s.journal.cut-20260102-030405-{os.getpid()}"
+    assert aside.read_bytes() == b'{"op": 3, "cut' and journal.read_bytes() == b'{"op": 1}\n{"op": 2}\n'
+    assert capsys.readouterr().err == (
+        f"sweep.py: {journal}: its last record was cut short (a kill or a full disk mid-write); set aside in {aside} "
+        "(14 bytes), the study goes on from the complete records\n")
+    assert storages.set_aside_a_cut_record(journal) is None  # whole now: nothing to do, nothing said
+    assert storages.set_aside_a_cut_record(tmp_path / "new.journal") is None
+    assert capsys.readouterr().err == "" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "s.journal", aside.name]
+
+
+def test_a_journal_that_cannot_be_used_says_why(tmp_path):
+    with pytest.raises(UsageError) as refused:
+        open_storage(str(tmp_path / "no" / "s.journal"))
+    assert str(refused.value) == (f"--storage {tmp_path / 'no' / 's.journal'}: its folder does not exist; give a "
+                                  "journal file's path (or a database URL)")
+    for lines in ('{"op_code": 99}', '{"a": 1}', "[1, 2]"):  # another program's records: any of them
+        foreign = tmp_path / "other.journal"
+        foreign.write_text(lines + "\n")
+        with pytest.raises(UsageError) as refused:
+            open_storage(str(foreign))
+        assert str(refused.value).startswith(f"--storage {foreign}: cannot read the study from it (")
+        assert str(refused.value).endswith("); use another journal file, or repair this one")
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+def test_a_seeded_sampler_samples_the_same_trials_again(tmp_path, sampler):
+    params = {"lr": {"type": "float", "low": 0.1, "high": 0.9, "step": 0.1},
+              "optimizer": {"type": "categorical", "choices": ["sgd", "adam", "adamw"]}}
+
+    def sampled(seed, journal):
+        from project.sweeps.study import suggest
+
+        study = open_study("seeded", str(tmp_path / journal), "none", seed, sampler, params)
+        return [suggest(study.ask(), params) for _ in range(4)]
+
+    assert sampled(7, "a.journal") == sampled(7, "b.journal") != sampled(8, "c.journal")
+
+
+@pytest.mark.parametrize(("pruner", "kind"), [("median", "MedianPruner"), ("halving", "SuccessiveHalvingPruner"),
+                                              ("none", "NopPruner")])
+def test_the_median_pruner_waits_for_two_trials_and_an_epoch(tmp_path, pruner, kind):
+    study = open_study("pruned", str(tmp_path / "p.journal"), pruner, 0)
+    assert type(study.pruner).__name__ == kind
+    if pruner == "median":
+        for value in (0.9, 0.8):  # two trials that ended: the pruner may judge the third
+            trial = study.ask()
+            trial.report(value, step=0)
+            trial.report(value, step=1)
+            study.tell(trial, value)
+        weak = study.ask()
+        weak.report(0.1, step=0)
+        assert not weak.should_prune()  # its first epoch is a warm-up
+        weak.report(0.1, step=1)
+        assert weak.should_prune()

@@ -31,6 +31,8 @@ RETRIES = 2  # a trial whose worker died runs at most this many more times
 # every SQLAlchemy version picks the same driver.
 DRIVERS = {"postgresql": ("postgresql+psycopg", "psycopg", "postgres")}
 CONNINFO = re.compile(r"\s*[A-Za-z_]+\s*=")  # libpq's key=value form: host=... dbname=... password=...
+# What Optuna raises replaying a journal whose records are not its own (cut short, or another program's lines).
+UNREADABLE_JOURNAL = (ValueError, AssertionError, LookupError, TypeError)
 
 
 def open_storage(spec: str, heartbeat: int = 60) -> optuna.storages.BaseStorage:
@@ -64,7 +66,7 @@ def _journal(path: Path) -> JournalStorage:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as err:
         raise UsageError(f"--storage {path}: cannot open it ({err.strerror or err})") from None
-    except (ValueError, AssertionError) as err:  # a line that is not one of Optuna's (another program wrote it)
+    except UNREADABLE_JOURNAL as err:
         raise UsageError(f"--storage {path}: cannot read the study from it ({str(err)[:100]}); use another journal "
                          "file, or repair this one") from None
 

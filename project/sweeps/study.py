@@ -28,6 +28,7 @@ from project.hardware.devices import expected_world_size
 from project.reliability.run_folder import RunFolder
 from project.sweeps.report import in_words
 from project.sweeps.storage import (
+    UNREADABLE_JOURNAL,
     describe,
     frozen_trial,
     open_storage,
@@ -169,7 +170,7 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     storage = open_storage(args.storage, args.heartbeat)
     try:
         study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
-    except (ValueError, KeyError, TypeError) as err:  # a journal cut short or written over by something else
+    except UNREADABLE_JOURNAL as err:
         raise UsageError(f"--storage {describe(args.storage)}: cannot read the study from it ({first_line(err)}); "
                          "use another journal file, or repair this one") from None
     check_same_space(study, params, args.study_name)
