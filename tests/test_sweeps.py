@@ -267,22 +267,36 @@ def test_trials_share_no_steps_per_call_plan(shared_tiny_data, tmp_path):
 
 SPACES = [
     ("params:\n  lr: {type: float, low: 1, high: 0.1}\n", "params.lr: 'low' (1) must be below 'high' (0.1)"),
+    ("params:\n  lr: {type: float, low: 0.5, high: 0.5}\n", "params.lr: 'low' (0.5) must be below 'high' (0.5)"),
     ("params:\n  speed: {type: float, low: 0, high: 1}\n", "params.speed: not a train.py flag"),
-    ("params:\n  lr: {type: gaussian}\n", "params.lr: needs 'type: float'"),
-    ("params:\n  optimizer: {type: categorical, choices: []}\n", "params.optimizer: 'choices' must be a non-empty"),
+    ("params:\n  lr: {type: gaussian}\n", "params.lr: needs 'type: float', 'type: int' or 'type: categorical'"),
+    ("params:\n  optimizer: {type: categorical, choices: []}\n",
+     "params.optimizer: 'choices' must be a non-empty list"),
     ("params:\n  lr: {type: float, low: 0, high: 1, log: true}\n", "params.lr: a log scale needs 'low' > 0"),
-    ("searchspace: {}\n", "unknown top-level key 'searchspace'"),
+    ("params:\n  lr: {type: float, low: 0.1, high: 1, colour: red, size: 2}\n",
+     "params.lr: unknown setting 'colour'"),
+    ("searchspace: {}\n", "unknown top-level key 'searchspace' (expected 'params' and 'fixed')"),
+    ("[1, 2]\n", "expected a mapping with 'params' (and optionally 'fixed')"),
+    ("params: {}\n", "'params' must map flag names to search specs (and 'fixed' to values)"),
+    ("fixed: [1]\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n",
+     "'params' must map flag names to search specs (and 'fixed' to values)"),
     ("fixed:\n  colour: red\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n", "fixed.colour: not a train.py flag"),
     ("fixed:\n  batch_size: 0\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n",
-     "fixed: batch_size: must be a positive integer"),
+     "fixed: batch_size: must be a positive integer, got 0"),
     # What slipped through before, to fail trial by trial: each value checked as its flag checks it.
-    ("params:\n  lr: {type: categorical, choices: [abc]}\n", "params.lr: 'abc' is not a value --lr takes"),
-    ("params:\n  max_epochs: {type: int, low: 1.5, high: 3}\n", "params.max_epochs: 'low' must be one of the whole"),
-    ("params:\n  lr: {type: float, low: 0.01, high: 1, log: true, step: 0.01}\n", "a log scale takes no 'step'"),
-    ("params:\n  lr: {type: float, low: 0.01, high: 1, step: 0}\n", "params.lr: 'step' must be above 0"),
-    ("params:\n  lr: {type: float, low: 0.01, high: .inf}\n", "params.lr: 'high' must be one of the finite"),
+    ("params:\n  lr: {type: categorical, choices: [abc]}\n",
+     "params.lr: 'abc' is not a value --lr takes (not a valid float: 'abc')"),
+    ("params:\n  max_epochs: {type: int, low: 1.5, high: 3}\n",
+     "params.max_epochs: 'low' must be one of the whole numbers a type: int range takes, got 1.5"),
+    ("params:\n  max_epochs: {type: int, low: 1, high: 4, step: 1.5}\n",
+     "params.max_epochs: 'step' must be one of the whole numbers a type: int range takes, got 1.5"),
+    ("params:\n  lr: {type: float, low: 0.01, high: 1, log: true, step: 0.01}\n",
+     "params.lr: a log scale takes no 'step' (Optuna samples it continuously)"),
+    ("params:\n  lr: {type: float, low: 0.01, high: 1, step: 0}\n", "params.lr: 'step' must be above 0, got 0"),
+    ("params:\n  lr: {type: float, low: 0.01, high: .inf}\n",
+     "params.lr: 'high' must be one of the finite numbers a type: float range takes, got inf"),
     ("fixed:\n  resume: last\nparams:\n  lr: {type: float, low: 0.01, high: 1}\n",
-     "fixed.resume: set by the sweep for each trial"),
+     "fixed.resume: set by the sweep for each trial (its own run folder, a new run); leave it out of the space"),
 ]
 
 
@@ -292,7 +306,7 @@ def test_bad_search_spaces_name_the_key(tmp_path, space, message):
     path.write_text(space)
     with pytest.raises(UsageError) as err:
         load_space(path, tiny_recipe())
-    assert message in str(err.value) and str(path) in str(err.value)
+    assert str(err.value) == f"{path}: {message}"
 
 
 @pytest.mark.slow
@@ -778,3 +792,11 @@ def test_the_median_pruner_waits_for_two_trials_and_an_epoch(tmp_path, pruner, k
         assert not weak.should_prune()  # its first epoch is a warm-up
         weak.report(0.1, step=1)
         assert weak.should_prune()
+
+
+def test_a_space_takes_flag_names_as_written_and_trainer_arguments(tmp_path):
+    path = write_space(tmp_path, "fixed:\n  max-epochs: 2\n  trainer: {limit_train_batches: 2}\n"
+                                 "params:\n  batch-size: {type: int, low: 16, high: 32}\n")
+    fixed, params = load_space(path, tiny_recipe())
+    assert fixed == {"max-epochs": 2, "trainer": {"limit_train_batches": 2}}
+    assert params == {"batch-size": {"type": "int", "low": 16, "high": 32}}
