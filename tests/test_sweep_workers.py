@@ -304,3 +304,28 @@ def test_a_stopped_trial_stops_the_sweep_with_what_to_do(monkeypatch, tmp_path):
     assert str(stopped.value) == ("stopped by SIGTERM during trial 0; the trials that ended are in the study: run the "
                                   "same sweep.py command again to go on with it")
     assert stopped.value.exit_code == 130
+
+
+def test_a_trial_reports_each_epochs_val_acc_and_stops_when_pruned():
+    import types
+
+    import optuna
+    import torch
+
+    from project.sweeps.study import PruneOnValAcc
+
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=0.5))
+    trial = study.ask()
+    pruning = PruneOnValAcc(trial)
+
+    def validated(epoch, metrics, sanity=False):
+        trainer = types.SimpleNamespace(sanity_checking=sanity, callback_metrics=metrics, current_epoch=epoch,
+                                        should_stop=False)
+        pruning.on_validation_end(trainer, None)
+        return trainer.should_stop
+
+    assert not validated(0, {"val/acc": torch.tensor(0.1)}, sanity=True)  # the sanity check: not an epoch
+    assert not validated(0, {"val/loss": torch.tensor(1.0)})  # no accuracy to report
+    assert not validated(0, {"val/acc": torch.tensor(0.75)}) and not pruning.pruned
+    assert validated(1, {"val/acc": torch.tensor(0.25)}) and (pruning.pruned, pruning.epochs) == (True, 2)
+    assert study.trials[0].intermediate_values == {0: 0.75, 1: 0.25}
