@@ -497,6 +497,11 @@ def test_the_report_is_its_best_trials_whole_and_best_yaml_the_best_trials_confi
     assert text.splitlines()[12:] == [f"history plot  {folder / 'history.png'}",
                                       f"importance plot  {folder / 'importance.png'}"]
     assert (folder / "best_trials.md").read_text() == text + "\n"
+    from PIL import Image
+
+    for plot in ("history", "importance"):
+        with Image.open(folder / f"{plot}.png") as drawn:
+            assert drawn.size == (880, 495)  # 8 x 4.5 inches at 110 dpi
     best = (folder / "best.yaml").read_text()
     assert best.startswith("# best of study made: trial 1, val/acc 0.9700\n")
     config = yaml.safe_load(best)
@@ -800,3 +805,4 @@ def test_a_space_takes_flag_names_as_written_and_trainer_arguments(tmp_path):
     fixed, params = load_space(path, tiny_recipe())
     assert fixed == {"max-epochs": 2, "trainer": {"limit_train_batches": 2}}
     assert params == {"batch-size": {"type": "int", "low": 16, "high": 32}}
+
