@@ -28,9 +28,12 @@ def config(**settings) -> RunConfig:
     ({"accelerator": "cpu"}, {"devices": {"type": "categorical", "choices": [1, 4, 2]}}, 4),
     ({"accelerator": "cpu"}, {"devices": {"type": "int", "low": 1, "high": 3}}, 3),
     ({"accelerator": "cpu", "num_nodes": 2}, {"devices": {"type": "categorical", "choices": [2]}}, 2),
+    ({"accelerator": "cpu", "num_nodes": 2}, {"devices": {"type": "categorical", "choices": [1]}}, 1),
+    ({"accelerator": "cpu", "devices": 3, "num_nodes": 2}, {}, 3),
 ])
 def test_a_trial_uses_its_largest_device_count_on_this_machine(settings, params, per_trial):
-    assert devices_per_trial(config(**settings), params) == per_trial
+    counted = devices_per_trial(config(**settings), params)
+    assert counted == per_trial and type(counted) is int
 
 
 def test_cpu_workers_share_the_cores_each_its_own(monkeypatch):
@@ -43,7 +46,7 @@ def test_cpu_workers_share_the_cores_each_its_own(monkeypatch):
 
 
 def test_gpu_workers_each_get_the_gpus_a_trial_needs(monkeypatch):
-    monkeypatch.setattr(sweep_workers, "resolve_accelerator", lambda accelerator: "cuda")
+    monkeypatch.setattr(sweep_workers, "resolve_accelerator", lambda accelerator: {"cpu": "cuda"}[accelerator])
     monkeypatch.setattr(sweep_workers.torch.cuda, "device_count", lambda: 5)
     gpu = config(accelerator="cpu", devices=2)  # planned as if on a 5-GPU machine
     assert plan_workers("auto", gpu, {}) == [Worker(gpus=(0, 1)), Worker(gpus=(2, 3))]
@@ -71,8 +74,8 @@ def test_what_each_worker_is_given_and_called(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert on_cores.environment()["OMP_NUM_THREADS"] == "1"  # the user's own setting kept
     assert Worker().environment() == dict(os.environ)
-    assert (on_gpus.describe(), on_cores.describe(), Worker(cores=(4,)).describe()) == (
-        "cuda:2,3", "cpu cores 0,1,2", "cpu core 4")
+    assert (on_gpus.describe(), on_cores.describe(), Worker(cores=(4, 5)).describe(), Worker(cores=(4,)).describe()) \
+        == ("cuda:2,3", "cpu cores 0,1,2", "cpu cores 4,5", "cpu core 4")
 
 
 def test_a_worker_is_pinned_to_what_its_parent_gave_it(monkeypatch):
@@ -80,8 +83,11 @@ def test_a_worker_is_pinned_to_what_its_parent_gave_it(monkeypatch):
     monkeypatch.setattr(sweep_workers.os, "sched_getaffinity", lambda pid: {3, 1})
     assert Worker.current() == Worker(cores=(1, 3))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert Worker.current() == Worker(cores=(1, 3))  # GPUs named, but none usable: its cores
     monkeypatch.setattr(sweep_workers.torch.cuda, "is_available", lambda: True)
     assert Worker.current() == Worker(gpus=(2, 5))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert Worker.current() == Worker(cores=(1, 3))  # not pinned to GPUs by its parent
 
 
 def test_the_workers_run_their_shares_with_their_seeds_and_a_failure_is_one_line(monkeypatch, tmp_path):
@@ -91,7 +97,8 @@ def test_the_workers_run_their_shares_with_their_seeds_and_a_failure_is_one_line
         "import json, os, sys\n"
         f"out = {str(tmp_path)!r}\n"
         "name = os.path.join(out, 'worker-' + sys.argv[sys.argv.index('--n-trials') + 1] + '-' + str(os.getpid()))\n"
-        "json.dump({'argv': sys.argv[1:], 'threads': os.environ.get('OMP_NUM_THREADS')}, open(name, 'w'))\n"
+        "json.dump({'argv': sys.argv[1:], 'threads': os.environ.get('OMP_NUM_THREADS'),\n"
+        "           'cores': sorted(os.sched_getaffinity(0))}, open(name, 'w'))\n"
         "sys.exit(3 if '--fail' in sys.argv else 0)\n")
     monkeypatch.setattr(sweep_workers, "SWEEP_SCRIPT", stand_in)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -102,6 +109,7 @@ def test_the_workers_run_their_shares_with_their_seeds_and_a_failure_is_one_line
         ["--space", "s.yaml", "--sampler-seed", str(seed), "--workers", "1", "--n-trials", str(count), "--worker"]
         for seed, count in ((10, 2), (11, 2), (12, 1))]
     assert [g["threads"] for g in given] == ["1", "1", None]
+    assert [g["cores"] for g in given] == [cores, cores, sorted(os.sched_getaffinity(0))]  # each on its own
     for made in tmp_path.glob("worker-*"):
         made.unlink()
     run_workers([Worker(), Worker()], 1, [], None)  # the worker with no trial is not started; no seed given

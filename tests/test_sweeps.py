@@ -541,6 +541,7 @@ def test_a_journal_trial_whose_worker_died_is_failed_and_run_again_once_and_no_o
         "its PID reused": f"{here}:{os.getpid()}:{psutil.Process().create_time() - 60:.2f}",
         "another machine's": f"not-{here}:{dead_pid}:12345.00",
         "unreadable": f"{here}:not-a-pid:1.00",
+        "another live process": f"{here}:{os.getppid()}:{psutil.Process(os.getppid()).create_time():.2f}",
         "unrecorded": None,
     }
     numbers = {}
@@ -707,6 +708,7 @@ def test_the_time_left_is_unknown_before_any_trial_ended():
     ("postgresql://u:pw@h/db", ("postgresql+psycopg://u:pw@h/db", 60, "postgresql://u:pw@h/db")),
     ("postgresql+psycopg2://u:pw@h/db", ("postgresql+psycopg2://u:pw@h/db", 60, "postgresql+psycopg2://u:pw@h/db")),
     ("mysql://u:pw@h/db", ("mysql://u:pw@h/db", 60, "mysql://u:pw@h/db")),
+    ("postgresql://u:p+w://x@h/db", ("postgresql+psycopg://u:p+w://x@h/db", 60, "postgresql://u:p+w://x@h/db")),
 ])
 def test_a_database_url_is_opened_with_the_driver_it_names_or_ours(monkeypatch, spec, opened):
     from project.sweeps import storage as storages
@@ -758,6 +760,11 @@ def test_a_journal_that_cannot_be_used_says_why(tmp_path):
         open_storage(str(tmp_path / "no" / "s.journal"))
     assert str(refused.value) == (f"--storage {tmp_path / 'no' / 's.journal'}: its folder does not exist; give a "
                                   "journal file's path (or a database URL)")
+    (tmp_path / "op.journal").write_text('{"op_code": 99}\n')
+    with pytest.raises(UsageError) as refused:
+        open_storage(str(tmp_path / "op.journal"))
+    assert str(refused.value) == (f"--storage {tmp_path / 'op.journal'}: cannot read the study from it (Should not "
+                                  "reach.); use another journal file, or repair this one")  # Optuna's own words
     for lines in ('{"op_code": 99}', '{"a": 1}', "[1, 2]"):  # another program's records: any of them
         foreign = tmp_path / "other.journal"
         foreign.write_text(lines + "\n")
@@ -806,3 +813,26 @@ def test_a_space_takes_flag_names_as_written_and_trainer_arguments(tmp_path):
     assert fixed == {"max-epochs": 2, "trainer": {"limit_train_batches": 2}}
     assert params == {"batch-size": {"type": "int", "low": 16, "high": 32}}
 
+
+
+def test_a_dead_workers_trial_another_worker_failed_first_is_left_to_it(tmp_path, monkeypatch):
+    import socket
+
+    from project import internals
+    from project.sweeps.storage import retry_dead_workers_trials
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    storage = open_storage(str(tmp_path / "s.journal"))
+    study = optuna.create_study(study_name="raced", storage=storage, direction="maximize")
+    for _ in range(2):
+        study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0)}).set_user_attr(
+            "worker", f"{socket.gethostname()}:{int(ended.stdout)}:12345.00")
+    real = storage.set_trial_state_values
+
+    def first_taken(trial_id, state, values=None):
+        if trial_id == internals.trial_id(study.trials[0]):
+            raise optuna.exceptions.UpdateFinishedTrialError("failed by another worker")
+        return real(trial_id, state, values)
+
+    monkeypatch.setattr(storage, "set_trial_state_values", first_taken)
+    assert retry_dead_workers_trials(study, storage) == [1]  # the race lost on trial 0; trial 1 still failed
