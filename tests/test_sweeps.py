@@ -379,14 +379,36 @@ def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_
     other.write_text("fixed:\n  max_epochs: 1\nparams:\n  momentum: {type: float, low: 0.5, high: 0.9}\n")
     with pytest.raises(UsageError, match="its trials searched lr; this space searches momentum: choose another"):
         prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(other), *common))
-    with pytest.raises(UsageError, match="trials of another study of this name .*trial_000"):
+    with pytest.raises(UsageError) as refused:
         elsewhere = sweep_args(monkeypatch, "--space", str(space), *common[2:], "--storage",
                                str(tmp_path / "new.journal"))
         prepare(tiny_recipe(), elsewhere)
+    trials = tmp_path / "logs" / "sweeps" / "tiny-sweep" / "trials"
+    assert str(refused.value) == (f"--study-name tiny-sweep: {trials} holds the trials of another study of this name "
+                                  f"(trial_000, ...), not in {tmp_path / 'new.journal'}: choose another --study-name "
+                                  "or --logdir")
     lines = journal.read_text().splitlines(keepends=True)
     journal.write_text("".join([*lines[:2], "garbage{{\n", *lines[2:]]))  # a line something else wrote
-    with pytest.raises(UsageError, match="cannot read the study from it"):
+    with pytest.raises(UsageError) as refused:
         prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(space), *common))
+    assert str(refused.value).startswith(f"--storage {journal}: cannot read the study from it (")
+    assert str(refused.value).endswith("); use another journal file, or repair this one")
+    assert objective.base["trainer"] == {"enable_progress_bar": False}  # a trial draws no bar
+
+
+def test_a_grid_sweep_is_seeded_and_walks_its_space(monkeypatch, shared_tiny_data, tmp_path):
+    space = write_space(tmp_path, "params:\n  lr: {type: categorical, choices: [0.1, 0.2, 0.3]}\n"
+                                  "  max_epochs: {type: int, low: 1, high: 2}\n")
+    orders = []
+    for journal in ("a.journal", "b.journal"):
+        args = sweep_args(monkeypatch, "--space", str(space), "--storage", str(tmp_path / journal), "--data-dir",
+                          str(shared_tiny_data), "--logdir", str(tmp_path / "logs"), "--sampler", "grid",
+                          "--sampler-seed", "3")
+        study, _, _ = prepare(tiny_recipe(), args)
+        asked = [study.ask() for _ in range(6)]
+        orders.append([(t.suggest_categorical("lr", [0.1, 0.2, 0.3]), t.suggest_int("max_epochs", 1, 2))
+                       for t in asked])
+    assert orders[0] == orders[1] and sorted(orders[0]) == [(lr, e) for lr in (0.1, 0.2, 0.3) for e in (1, 2)]
 
 
 def test_a_storage_that_stops_answering_mid_sweep_is_one_line(monkeypatch, tmp_path):
