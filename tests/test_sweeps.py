@@ -284,6 +284,10 @@ SPACES = [
     ("fixed:\n  batch_size: 0\nparams:\n  lr: {type: float, low: 0.1, high: 1}\n",
      "fixed: batch_size: must be a positive integer, got 0"),
     # What slipped through before, to fail trial by trial: each value checked as its flag checks it.
+    ("params:\n  lr: {type: float, low: -1, high: 1}\n",
+     "params.lr: -1 is not a value --lr takes (must be a positive number, got -1)"),
+    ("params:\n  batch_size: {type: int, low: 0, high: 8}\n",
+     "params.batch_size: 0 is not a value --batch-size takes (must be a positive integer, got 0)"),
     ("params:\n  lr: {type: categorical, choices: [abc]}\n",
      "params.lr: 'abc' is not a value --lr takes (not a valid float: 'abc')"),
     ("params:\n  max_epochs: {type: int, low: 1.5, high: 3}\n",
@@ -829,6 +833,8 @@ def test_the_median_pruner_waits_for_two_trials_and_an_epoch(tmp_path, pruner, k
 
 
 def test_a_space_takes_flag_names_as_written_and_trainer_arguments(tmp_path):
+    stepped = write_space(tmp_path, "params:\n  lr: {type: float, low: 0.1, high: 0.5, step: 0.1, log: false}\n")
+    assert load_space(stepped, tiny_recipe())[1]["lr"]["step"] == 0.1  # a step on a linear scale is fine
     path = write_space(tmp_path, "fixed:\n  max-epochs: 2\n  trainer: {limit_train_batches: 2}\n"
                                  "params:\n  batch-size: {type: int, low: 16, high: 32}\n")
     fixed, params = load_space(path, tiny_recipe())
