@@ -480,6 +480,12 @@ def test_each_trial_says_how_long_the_rest_will_take_and_the_report_the_time_per
     assert f"time per trial {in_words(sum(each) / 3)} on average (3 ended; pruned ones are shorter)" in text
 
 
+def an_exited_process() -> int:
+    """The PID of a process that has ended (not reused within a test)."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(ended.stdout)
+
+
 def made_trial(seconds: float, state, lr: float, optimizer: str, value: float | None = None):
     """A trial as a study records it, its duration given."""
     import datetime
@@ -556,8 +562,7 @@ def test_a_journal_trial_whose_worker_died_is_failed_and_run_again_once_and_no_o
 
     from project.sweeps.storage import owner, retried_from, retry_dead_workers_trials
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(ended.stdout)  # a process that has exited (its PID is not reused within the test)
+    dead_pid = an_exited_process()
     here = socket.gethostname()
     storage = open_storage(str(tmp_path / "s.journal"))
     study = optuna.create_study(study_name="left", storage=storage, direction="maximize")
@@ -606,8 +611,7 @@ def test_a_trial_runs_again_at_most_twice_after_its_worker_died(tmp_path):
 
     from project.sweeps.storage import retried_from, retry_dead_workers_trials
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = f"{socket.gethostname()}:{int(ended.stdout)}:12345.00"
+    dead = f"{socket.gethostname()}:{an_exited_process()}:12345.00"
     storage = open_storage(str(tmp_path / "s.journal"))
     study = optuna.create_study(study_name="again", storage=storage, direction="maximize")
     waiting_after_each = []
@@ -849,12 +853,11 @@ def test_a_dead_workers_trial_another_worker_failed_first_is_left_to_it(tmp_path
     from project import internals
     from project.sweeps.storage import retry_dead_workers_trials
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     storage = open_storage(str(tmp_path / "s.journal"))
     study = optuna.create_study(study_name="raced", storage=storage, direction="maximize")
     for _ in range(2):
         study.ask({"lr": optuna.distributions.FloatDistribution(0.01, 1.0)}).set_user_attr(
-            "worker", f"{socket.gethostname()}:{int(ended.stdout)}:12345.00")
+            "worker", f"{socket.gethostname()}:{an_exited_process()}:12345.00")
     real = storage.set_trial_state_values
 
     def first_taken(trial_id, state, values=None):
