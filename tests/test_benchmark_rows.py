@@ -101,6 +101,13 @@ class NumberedEpochs:
         monkeypatch.setattr(loops, "FetchClock", Clock)
 
 
+class NumberedWaits(loops.DataWait):
+    """A Lightning row's data waits in place of its fetch clock: epoch ``i`` (0 the warm-up) waits ``10 (i + 1)``."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.epoch_waits.append(10.0 * (len(self.epoch_waits) + 1))
+
+
 def test_every_row_trains_the_recipes_training_split_cut_to_the_limit_and_tests_on_its_test_split(bench):
     config = bench.config
     assert (config.batch_size, config.accelerator, config.precision, config.pin_memory) == (BATCH, "cpu", "32", False)
@@ -303,12 +310,8 @@ def test_bare_lightning_trains_every_sample_once_an_epoch_over_its_whole_schedul
         def on_train_epoch_end(self, trainer, pl_module):
             self.epoch_times.append(float(len(self.epoch_times) + 1))
 
-    class Wait(loops.DataWait):
-        def on_train_epoch_end(self, trainer, pl_module):
-            self.epoch_waits.append(10.0 * (len(self.epoch_waits) + 1))
-
     monkeypatch.setattr(loops, "EpochStats", Stats)
-    monkeypatch.setattr(loops, "DataWait", Wait)
+    monkeypatch.setattr(loops, "DataWait", NumberedWaits)
     result = loops.bare_lightning(args_for(bench.config.data_dir), CPU, "32-true", bench)
     assert result["epoch_times"] == [2.0, 3.0] and result["warm_up_s"] == 1.0 and result["wait_times"] == [20.0, 30.0]
     assert [len(b) for b in seen.batches] == [32, 32, 32, 4] * (EPOCHS + 1)
@@ -336,11 +339,7 @@ def test_the_template_row_is_train_itself_on_the_same_samples(steps_per_call, pe
 
     monkeypatch.setattr(run, "train", train)
 
-    class Wait(loops.DataWait):
-        def on_train_epoch_end(self, trainer, pl_module):
-            self.epoch_waits.append(10.0 * (len(self.epoch_waits) + 1))
-
-    monkeypatch.setattr(loops, "DataWait", Wait)
+    monkeypatch.setattr(loops, "DataWait", NumberedWaits)
     measured = loops.template(args_for(bench.config.data_dir), bench, steps_per_call, per_sample=per_sample)
     [(config, recipe, datamodule, callbacks, result)] = calls
     assert recipe is bench.recipe and config.name == "bench" and config.max_epochs == EPOCHS + 1
@@ -351,7 +350,7 @@ def test_the_template_row_is_train_itself_on_the_same_samples(steps_per_call, pe
                           cuda_graphs=bench.config.cuda_graphs) == bench.config
     assert len(datamodule.train_set) == LIMIT and datamodule.per_sample == bool(per_sample)
     [wait] = callbacks
-    assert isinstance(wait, Wait) and measured["wait_times"] == [20.0, 30.0]
+    assert isinstance(wait, NumberedWaits) and measured["wait_times"] == [20.0, 30.0]
     assert measured == {
         "epoch_times": result.epoch_times[1:], "warm_up_s": result.epoch_times[0], "wait_times": [20.0, 30.0],
         "test_acc": float(result.test_metrics["test/acc"]), "steps_per_call": result.steps_per_call,

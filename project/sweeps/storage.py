@@ -67,8 +67,13 @@ def _journal(path: Path) -> JournalStorage:
     except OSError as err:
         raise UsageError(f"--storage {path}: cannot open it ({err.strerror or err})") from None
     except UNREADABLE_JOURNAL as err:
-        raise UsageError(f"--storage {path}: cannot read the study from it ({str(err)[:100]}); use another journal "
-                         "file, or repair this one") from None
+        raise unreadable_study(str(path), err) from None
+
+
+def unreadable_study(spec: str, err: BaseException) -> UsageError:
+    """The one line for a storage whose study cannot be read back, whether opening it or the study fails."""
+    return UsageError(f"--storage {describe(spec)}: cannot read the study from it ({first_line(err)}); use another "
+                      "journal file, or repair this one")
 
 
 def set_aside_a_cut_record(path: Path) -> Path | None:

@@ -35,6 +35,7 @@ from project.sweeps.storage import (
     owner,
     retried_from,
     retry_dead_workers_trials,
+    unreadable_study,
 )
 from project.sweeps.workers import Worker
 from project.training.build import build_datamodule
@@ -171,8 +172,7 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     try:
         study = open_study(args.study_name, storage, args.pruner, args.sampler_seed, args.sampler, params)
     except UNREADABLE_JOURNAL as err:
-        raise UsageError(f"--storage {describe(args.storage)}: cannot read the study from it ({first_line(err)}); "
-                         "use another journal file, or repair this one") from None
+        raise unreadable_study(args.storage, err) from None
     check_same_space(study, params, args.study_name)
     leftover = sorted(p.name for p in (folder / "trials").glob("trial_*")) if (folder / "trials").is_dir() else []
     if leftover and not study.trials:
