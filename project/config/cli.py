@@ -233,8 +233,9 @@ def parse_sweep_args(recipe: Recipe, description: str | None) -> argparse.Namesp
     parser.add_argument("--data-dir", help=recipe.data_help)
     parser.add_argument("--logdir", default="lightning_logs", help="trials log to LOGDIR/sweeps/STUDY/trials/")
     parser.add_argument("--val-size", type=argparse_type(size_or_share),
-                        help="samples (or a share) held out for validation (default: the recipe's)")
-    parser.add_argument("--accelerator", default="auto", choices=ACCELERATORS)
+                        help="samples (or a share) held out for validation (default: the space's fixed, else the "
+                             "recipe's)")
+    parser.add_argument("--accelerator", choices=ACCELERATORS, help="(default: the space's fixed, else auto)")
     args = parser.parse_args()
     if args.storage is None:
         args.storage = str(Path(args.logdir) / "sweeps" / SWEEP_STORAGE)

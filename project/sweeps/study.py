@@ -153,6 +153,11 @@ class PruneOnValAcc(Callback):
             trainer.should_stop = True
 
 
+# sweep.py's flags that set a trial's setting: given, each overrides the space's `fixed`; left out, `fixed` or the
+# recipe's default holds.
+TRIAL_FLAGS = ("data_dir", "val_size", "accelerator")
+
+
 def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, optuna.storages.BaseStorage, Objective]:
     """The study ``sweep.py``'s arguments name (created or resumed) and the objective its trials run.
 
@@ -164,8 +169,8 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     folder = Path(args.logdir) / "sweeps" / args.study_name
     if "://" not in args.storage and Path(args.storage).parent == folder.parent:  # the default journal's folder
         folder.parent.mkdir(parents=True, exist_ok=True)
-    base = {"data_dir": args.data_dir, "val_size": args.val_size, "accelerator": args.accelerator,
-            "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
+    given = {key: value for key in TRIAL_FLAGS if (value := getattr(args, key)) is not None}  # a flag over `fixed`
+    base = {**given, "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
     objective = Objective(recipe, fixed, params, base, folder)
     build_datamodule(objective.trial_config({}), recipe).prepare_data()
     storage = open_storage(args.storage, args.heartbeat)
