@@ -19,9 +19,10 @@ _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*):(?P<pa
 # ':', '.' or ')' of the sentence it stands in, and holds any of them inside.
 _SECRET_KEY = (r"[A-Za-z0-9_.\-]*(?:passw(?:or)?d|passphrase|passfile|secret|token|credential|api_?key|private_?key)"
                r"[A-Za-z0-9_.\-]*|pwd|pass")
+# Percent-encoded (a URL inside another's query), a key follows an encoded '?' or '&' and its value ends before one.
 _KEY_VALUE = re.compile(
-    rf"(?P<key>(?<![A-Za-z0-9_.\-])(?:{_SECRET_KEY}))(?P<sep>\s*=\s*|%3[Dd])"
-    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&;,'\"`|]*[^\s&;,'\"`|):.])",
+    rf"(?P<key>(?:(?<![A-Za-z0-9_.\-%])|(?<=%[0-9A-Fa-f]{{2}}))(?:{_SECRET_KEY}))(?P<sep>\s*=\s*|%3[Dd])"
+    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|(?:(?!%26)[^\s&;,'\"`|])*(?:(?!%26)[^\s&;,'\"`|):.]))",
     re.IGNORECASE,
 )
 
