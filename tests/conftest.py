@@ -23,6 +23,7 @@ import pytest
 
 from helpers import (
     CHECKPOINTED,
+    HANG_S,
     TWO_RANKS,
     make_bars,
     make_tiny_data,
@@ -127,7 +128,7 @@ def uninterrupted_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     data = make_tiny_data(root / "data", n_train=680, n_test=83, wrong_labels=0.1)  # metrics below 1: they can tell
     # faulty_train.py with no fault is train.py that says which process left its process group open at exit
     done = run_script("../tests/faulty_train.py", "--data-dir", str(data), "--logdir", str(root / "logs"),
-                      *CHECKPOINTED, *TWO_RANKS, timeout=400)
+                      *CHECKPOINTED, *TWO_RANKS, timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     return {"data": data, "logs": root / "logs", "output": done.stdout, "stderr": done.stderr,
             "last": newest_last_checkpoint(root / "logs")}

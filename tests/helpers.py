@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every wait a test puts on a process or a service: only a hang reaches it. A slow or loaded machine does not (the
+# slowest script run, a 2-rank DDP job, takes about 40 s on an idle 2-core machine; at a load of 30, ten times that).
+HANG_S = 1800.0
 TRAIN = str(ROOT / "scripts" / "train.py")
 # What a run logs by the wall clock: in a run and its resumed twin, the same steps, other values.
 TIMED = ("train/epoch_time_s", "train/samples_per_s", "train/peak_memory_mb")
@@ -50,7 +53,7 @@ def swapped_template(dest: Path, recipe: Path = ROOT / "tests" / "second_recipe"
     return dest
 
 
-def run_script(script: str, *args: str, timeout: float = 300, env: dict | None = None,
+def run_script(script: str, *args: str, timeout: float = HANG_S, env: dict | None = None,
                cwd: Path | None = None, root: Path = ROOT) -> subprocess.CompletedProcess:
     """Run ``root``'s ``scripts/<script>`` in a fresh interpreter, as a user would."""
     full_env = {**os.environ, **(env or {})}
@@ -60,7 +63,7 @@ def run_script(script: str, *args: str, timeout: float = 300, env: dict | None =
     )
 
 
-def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None,
+def run_script_warm(script: str, *args: str, cwd: Path = ROOT, timeout: float = HANG_S, env: dict | None = None,
                     root: Path = ROOT) -> subprocess.CompletedProcess:
     """``run_script`` without the interpreter's start: ``root``'s ``scripts/<script>`` run as its ``__main__`` in a
     process forked from one that has imported torch and Lightning already (``multiprocessing``'s fork server, one
@@ -147,7 +150,7 @@ def one_process(args: tuple[str, ...] | list[str]) -> bool:
     return True
 
 
-def run_script_fitting(script: str, *args: str, timeout: float = 300, env: dict | None = None,
+def run_script_fitting(script: str, *args: str, timeout: float = HANG_S, env: dict | None = None,
                        cwd: Path | None = None, root: Path = ROOT) -> subprocess.CompletedProcess:
     """``run_script_warm`` where the command starts no ranks (``one_process``), else ``run_script``."""
     if one_process(args):
@@ -155,7 +158,7 @@ def run_script_fitting(script: str, *args: str, timeout: float = 300, env: dict 
     return run_script(script, *args, timeout=timeout, env=env, cwd=cwd, root=root)
 
 
-def run_in(template: Path, script: str, *args: str, timeout: float = 300,
+def run_in(template: Path, script: str, *args: str, timeout: float = HANG_S,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` of another copy of the template (``swapped_template``), from its folder, on the
     recipe installed there."""
@@ -163,7 +166,7 @@ def run_in(template: Path, script: str, *args: str, timeout: float = 300,
                               root=template)
 
 
-def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def tiny_run(data_dir: Path, logdir: Path, *extra: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return run_script_fitting("train.py", "--data-dir", str(data_dir), "--logdir", str(logdir), *TINY, *extra,
                               timeout=timeout)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import HANG_S
+
 
 def missing(reason: str) -> None:
     if os.environ.get("REQUIRE_SERVICES") == "1":
@@ -75,13 +77,13 @@ def postgres_server() -> Iterator[Postgres]:
         shutil.chown(folder, "postgres", "postgres")
     data = folder / "data"
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=HANG_S)
     server = None
     for _ in range(5):  # a port another process took in between: try another
         port = free_port()
         started = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
                                   f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
-                                 capture_output=True, text=True, timeout=120)
+                                 capture_output=True, text=True, timeout=HANG_S)
         if started.returncode == 0:
             server = Postgres(folder, port, as_user)
             break
@@ -93,7 +95,7 @@ def postgres_server() -> Iterator[Postgres]:
         yield server
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True,
-                       timeout=120)
+                       timeout=HANG_S)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -105,7 +107,7 @@ class Slurm:
         self.env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
 
     def run(self, *command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(list(command), capture_output=True, text=True, timeout=60, env=self.env)
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=HANG_S, env=self.env)
 
     def sbatch(self, *args: str) -> int:
         done = self.run("sbatch", "--parsable", *args)
@@ -166,13 +168,13 @@ def slurm_cluster() -> Iterator[Slurm]:
     key.chmod(0o600)
     subprocess.run([munged, "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
                     f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
-                    f"--seed-file={folder}/munged.seed"], check=True, capture_output=True, timeout=60)
+                    f"--seed-file={folder}/munged.seed"], check=True, capture_output=True, timeout=HANG_S)
     cluster = Slurm(folder)
     try:
-        subprocess.run([slurmctld, "-f", str(conf)], check=True, capture_output=True, timeout=60, env=cluster.env)
-        subprocess.run([slurmd, "-f", str(conf), "-N", "localhost"], check=True, capture_output=True, timeout=60,
+        subprocess.run([slurmctld, "-f", str(conf)], check=True, capture_output=True, timeout=HANG_S, env=cluster.env)
+        subprocess.run([slurmd, "-f", str(conf), "-N", "localhost"], check=True, capture_output=True, timeout=HANG_S,
                        env=cluster.env)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while "idle" not in cluster.run("sinfo", "-h", "-o", "%T").stdout:
             if time.monotonic() > deadline:
                 pytest.fail(f"the SLURM node never became idle: {(folder / 'slurmctld.log').read_text()[-800:]}")

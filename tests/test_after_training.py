@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, event_accumulator, free_port, run_script, tiny_config, tiny_recipe, train
+from helpers import HANG_S, ROOT, event_accumulator, free_port, run_script, tiny_config, tiny_recipe, train
 from project.errors import UsageError
 from tests.tiny_recipe.model import LitTiny
 
@@ -52,7 +52,7 @@ def test_tensorboard_serves_the_run(trained):
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(trained["run"]), "--host", "127.0.0.1",
          "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, tags = time.monotonic() + 90, {}
+        deadline, tags = time.monotonic() + HANG_S, {}
         while time.monotonic() < deadline and not SCALARS <= set(tags.get(".", {})):
             time.sleep(1)
             try:
@@ -105,7 +105,7 @@ def test_a_run_records_its_data_and_evaluate_uses_it_in_a_new_shell(shared_tiny_
     for source, shell in ((("--ckpt", "best"), new_shell), (("--weights", str(run / "model.pth")), new_shell),
                           (("--ckpt", "best"), elsewhere)):
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--logdir", str(logs), *source,
-                               "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=shell)
+                               "--json"], capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path, env=shell)
         assert done.returncode == 0, done.stderr
         assert f"evaluate.py: test set from {shared_tiny_data.resolve()}, the data its run trained on" in done.stderr
         assert json.loads(done.stdout)["samples"] == 80
@@ -151,7 +151,7 @@ def test_portable_program_runs_with_torch_alone(trained):
         f"out = program(torch.load({str(folder / 'pixels.pt')!r}))\n"
         f"torch.save(out, {str(folder / 'out.pt')!r})\n"
     )
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=HANG_S,
                           cwd="/")
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(torch.load(folder / "out.pt"), expected, atol=1e-5, rtol=1e-5)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import run_script, tiny_recipe
+from helpers import HANG_S, run_script, tiny_recipe
 from project import api
 
 # Small runs of each recipe on its own example data: one epoch, one optimizer step per Lightning step.
@@ -51,5 +51,30 @@ def test_the_recipe_contract_is_importable_without_torch():
 
     code = ("import sys; from project.api import Option, Recipe, RunConfig, load_recipe, sizes; "
             "load_recipe('tests.second_recipe'); print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_api_predict_returns_the_top_k_classes_the_checkpoints_network_gives(trained, tmp_path):
+    """``api.predict(..., topk=3)``: each file's three likeliest classes, against the network's own softmax."""
+    from PIL import Image
+
+    from tests.tiny_recipe.data import TinyDataModule
+    from tests.tiny_recipe.model import LitTiny
+
+    torch.manual_seed(1)
+    pixels = (torch.rand(2, 28, 28) * 200).to(torch.uint8)
+    for index, image in enumerate(pixels):
+        Image.fromarray(image.numpy(), "L").save(tmp_path / f"{index}.png")
+    ckpt = trained["results"]["best_checkpoint"]
+    rows = api.predict(tiny_recipe(), [str(tmp_path)], ckpt=ckpt, topk=3)
+    module = LitTiny.load_from_checkpoint(ckpt, map_location="cpu").eval()  # Lightning's loader, not the engine's
+    mean, std = TinyDataModule.mean[0], TinyDataModule.std[0]
+    assert [row["path"] for row in rows] == [str(tmp_path / "0.png"), str(tmp_path / "1.png")]
+    for row, image in zip(rows, pixels, strict=True):
+        with torch.no_grad():
+            expected = torch.softmax(module(((image.float() / 255 - mean) / std)[None, None]).float(), dim=1)[0]
+        top = expected.topk(3)
+        assert [c for c, _ in row["topk"]] == top.indices.tolist() and row["class"] == int(top.indices[0])
+        assert [p for _, p in row["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+    assert [len(row["topk"]) for row in api.predict(tiny_recipe(), [str(tmp_path)], ckpt=ckpt)] == [1, 1]

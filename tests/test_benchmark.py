@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from helpers import FakeClock, make_tiny_data, one_line_error, run_script
+from helpers import HANG_S, FakeClock, make_tiny_data, one_line_error, run_script
 
 CNN = {"PROJECT_RECIPE": "tests.cnn_recipe"}
 
@@ -73,7 +73,7 @@ def test_benchmark_smoke_writes_json_markdown_and_png(tmp_path):
     data = make_tiny_data(tmp_path / "data", n_train=5300, n_test=40)  # 300 left after the 5,000 for validation
     out = tmp_path / "bench"
     done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--batch-size", "64", "--time-to-accuracy",
-                      "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=600)
+                      "--data-dir", str(data), "--out", str(out), env={"DATA_DIR": str(data)}, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "benchmark.json").read_text())
     assert [r["key"] for r in result["rows"]] == ["hand", "hand-samples", "article", "bare", "template-k1",
@@ -110,7 +110,7 @@ def test_benchmark_on_a_missing_gpu_is_one_line_before_any_work(tmp_path):
 def test_the_compute_bound_recipe_against_its_hand_loop(tmp_path):
     """The CNN recipe on its example data, which the benchmark writes: every row on the same samples."""
     done = run_script("benchmark.py", "--example-data", "160", "--limit", "64", "--batch-size", "32", "--epochs", "1",
-                      "--only", "hand,template-auto", "--out", str(tmp_path), env=CNN, timeout=600)
+                      "--only", "hand,template-auto", "--out", str(tmp_path), env=CNN, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "benchmark.json").read_text())
     rows = {r["key"]: r for r in result["rows"]}
@@ -123,7 +123,7 @@ def test_the_compute_bound_recipe_against_its_hand_loop(tmp_path):
 @pytest.mark.slow
 def test_the_compiled_row_counts_compiling_in_its_warm_up_only(tmp_path):
     done = run_script("benchmark.py", "--example-data", "200", "--limit", "128", "--batch-size", "32", "--epochs", "1",
-                      "--only", "hand,template-compile", "--out", str(tmp_path), timeout=600,
+                      "--only", "hand,template-compile", "--out", str(tmp_path), timeout=HANG_S,
                       env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})  # compiled afresh
     assert done.returncode == 0, done.stderr
     compiled = json.loads((tmp_path / "benchmark.json").read_text())["rows"][1]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script_warm
+from helpers import HANG_S, ROOT, TINY, TRAIN, make_tiny_data, one_line_error, run_script_warm
 from project.errors import ImageError, not_a_regular_file
 
 
@@ -25,7 +25,7 @@ def fifo(path: Path) -> Path:
     return path
 
 
-def finishes(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def finishes(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     """A script run that must end by itself (a read from a pipe nobody writes to would block it for good)."""
     return run_script_warm(*args, timeout=timeout)
 
@@ -130,7 +130,7 @@ def test_a_reader_that_goes_away_stops_no_run(tmp_path):
     first = train.stdout.readline()
     train.stdout.close()  # as head does after its one line
     stderr = train.stderr.read()
-    assert train.wait(timeout=120) in (0, 141), stderr
+    assert train.wait(timeout=HANG_S) in (0, 141), stderr
     assert first.startswith("test/acc") and "Traceback" not in stderr
     run = tmp_path / "logs" / "tiny" / "version_0"
     assert (run / "model.pth").is_file() and (run / "results.json").is_file()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import (
+    HANG_S,
     TIMED,
     TINY,
     TRAIN,
@@ -278,7 +279,7 @@ def test_a_refusal_from_lightnings_own_checks_leaves_no_run_folder(data, tmp_pat
            "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "1"}
     done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path), "--devices",
                            "2", "--accelerator", "cpu", "--run-version", "job_77", *TINY], capture_output=True,
-                          text=True, env=env, timeout=120)
+                          text=True, env=env, timeout=HANG_S)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "tiny" / "job_77").exists()
 

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
-from helpers import free_port
+from helpers import HANG_S, free_port
 from project.errors import Terminated, UserError
 from project.reliability import cluster
 
@@ -64,7 +64,7 @@ def shell(command: str) -> subprocess.Popen:
 
 
 def test_the_ranks_a_run_started_are_waited_for_each_its_exit_code_or_none():
-    assert cluster.wait_for([shell("exit 0"), shell("sleep 0.5; exit 3")], timeout=120) == [0, 3]
+    assert cluster.wait_for([shell("exit 0"), shell("sleep 0.5; exit 3")], timeout=HANG_S) == [0, 3]
     sleepers = [shell("exec sleep 600"), shell("exec sleep 600")]
     try:
         assert cluster.wait_for(sleepers, timeout=0.1) == [None, None]  # one deadline for all, not one each
@@ -89,6 +89,23 @@ def test_a_finished_run_ends_its_group_and_reports_the_first_rank_that_failed(pr
         end.end(None)
     assert str(failed.value) == ("rank 2 of this DDP job ended with exit code 3 after the run finished (its output "
                                  "is above); the run's files are complete")
+    assert not dist.is_initialized()
+
+
+def test_a_rank_still_running_after_the_wait_is_reported_not_passed_over(process_group, monkeypatch):
+    """A rank that neither exits nor fails (a hung teardown) is the job's failure too: said, never exit 0."""
+    waited = cluster.wait_for
+    monkeypatch.setattr(cluster, "wait_for", lambda processes: waited(processes, timeout=0.2))  # not 60 s
+    end = cluster.DdpJobEnd()
+    end._started = [shell("exit 0"), shell("exec sleep 600")]
+    try:
+        with pytest.raises(UserError) as failed:
+            end.end(None)
+    finally:
+        end._started[1].kill()
+        end._started[1].wait()
+    assert str(failed.value) == ("rank 2 of this DDP job ended with no exit within 60 s after the run finished (its "
+                                 "output is above); the run's files are complete")
     assert not dist.is_initialized()
 
 
@@ -127,7 +144,7 @@ def test_a_process_started_for_a_run_dies_with_its_parent(tmp_path):
               "while not pathlib.Path(sys.argv[3]).exists(): time.sleep(0.05)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", parent, child, root, str(tmp_path / "armed")], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout)
     for _ in range(600):  # the kernel's SIGKILL is sent as the parent exits; reaping is init's

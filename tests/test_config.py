@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT, RUN_STARTED, one_line_error, parse_run_config, run_script, tiny_recipe
+from helpers import HANG_S, ROOT, RUN_STARTED, one_line_error, parse_run_config, run_script, tiny_recipe
 from project.config.cli import build_parser
 from project.config.schema import RunConfig, resolve_config, settings_of
 from project.config.validators import check_trainer_args
@@ -31,7 +31,7 @@ def test_help_is_instant_and_imports_no_torch():
         "    pass\n"
         "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'torchvision') if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert "--accelerator" in done.stdout and "--precision" in done.stdout and "--trainer.KEY" in done.stdout
     assert "HEAVY []" in done.stdout
     words = " ".join(done.stdout.split())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, one_line_error, run_script, run_script_warm
+from helpers import HANG_S, ROOT, one_line_error, run_script, run_script_warm
 
 # (file, what is written: a field and its value, or the whole file's bytes, the reason runs.py shows)
 CASES = [
@@ -214,7 +214,7 @@ def test_a_bad_recipe_name_is_one_line_in_every_script(recipe_packages, package,
     env = {"PROJECT_RECIPE": package, "PYTHONPATH": f"{recipe_packages}:{ROOT}"}
     for script, *args in (("train.py",), ("runs.py",), ("predict.py", "x.png")):
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **env})
+                              timeout=HANG_S, env={**os.environ, **env})
         assert done.returncode == 2, (script, done.stderr)
         assert message in one_line_error(done.stderr, script), (script, done.stderr)
         if package in ("broken_syntax", "missing_dependency"):
@@ -223,7 +223,7 @@ def test_a_bad_recipe_name_is_one_line_in_every_script(recipe_packages, package,
 
 def test_debug_shows_the_recipes_traceback(recipe_packages):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--debug"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PROJECT_RECIPE": "missing_dependency",
+                          text=True, timeout=HANG_S, env={**os.environ, "PROJECT_RECIPE": "missing_dependency",
                                                        "PYTHONPATH": f"{recipe_packages}:{ROOT}"})
     assert done.returncode == 2 and "Traceback" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("runs.py: error: PROJECT_RECIPE=missing_dependency")

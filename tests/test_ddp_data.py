@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from helpers import HANG_S
+
 PROBE = Path(__file__).with_name("ddp_shard_probe.py")
 
 
 @pytest.mark.slow
 def test_ddp_ranks_see_disjoint_shards_that_cover_the_split(tmp_path):
     done = subprocess.run([sys.executable, str(PROBE), str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world_size"] == 2 for r in ranks)

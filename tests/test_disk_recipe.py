@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, assert_same_training_state, newest_last_checkpoint, run_script_fitting
+from helpers import HANG_S, ROOT, assert_same_training_state, newest_last_checkpoint, run_script_fitting
 
 DISK = {"PROJECT_RECIPE": "tests.disk_recipe"}
 RUN = ("--max-epochs", "3", "--log-every-n-steps", "2", "--checkpoint-every-n-steps", "3", "--accelerator", "cpu")
 
 
 def script(name: str, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    done = run_script_fitting(name, *args, env=DISK, timeout=400)
+    done = run_script_fitting(name, *args, env=DISK, timeout=HANG_S)
     assert done.returncode == expect, done.stdout + done.stderr
     return done
 
@@ -56,7 +56,7 @@ def test_files_are_read_per_sample_by_workers_without_a_flag(disk_run):
 def test_kill_9_and_resume_end_bitwise_equal_with_workers_and_random_flips(disk_run, tmp_path):
     common = ("--data-dir", str(disk_run["data"]), "--logdir", str(tmp_path), *RUN)
     killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_train.py"), *common], capture_output=True,
-                            text=True, timeout=400, env={**os.environ, **DISK, "STOP_AT": "step-11:KILL"})
+                            text=True, timeout=HANG_S, env={**os.environ, **DISK, "STOP_AT": "step-11:KILL"})
     assert killed.returncode == -9, killed.stderr
     assert 0 < newest_last_checkpoint(tmp_path, "shapes")["global_step"] < 24  # mid-run, mid-epoch
     script("train.py", *common, "--resume", "last")

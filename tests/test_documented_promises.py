@@ -18,7 +18,7 @@ import torch
 import yaml
 from PIL import Image
 
-from helpers import ROOT, TINY, make_tiny_data, tiny_config, tiny_recipe, train
+from helpers import HANG_S, ROOT, TINY, make_tiny_data, tiny_config, tiny_recipe, train
 from project.config.schema import RunConfig
 from project.reliability import run_folder
 from project.reliability.run_folder import roll_back_logs
@@ -66,17 +66,17 @@ def test_a_run_killed_with_kill_9_is_listed_as_killed(data, tmp_path):
                              str(logs), *TINY, "--max-epochs", "200", "--accelerator", "cpu"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = logs / "tiny" / "version_0" / "run.json"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not (record.is_file() and run_folder.read_run_record(record.parent).get("step")) and \
             time.monotonic() < deadline:
         time.sleep(0.1)
     assert proc.poll() is None, "the run ended before it could be killed"
     assert run_folder.run_info(record.parent).state == "running"
     proc.kill()
-    proc.wait(timeout=60)
+    proc.wait(timeout=HANG_S)
     assert run_folder.read_run_record(record.parent)["state"] == "running"  # nothing could record the kill
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--logdir", str(logs), "--name",
-                             "tiny"], capture_output=True, text=True, timeout=60)
+                             "tiny"], capture_output=True, text=True, timeout=HANG_S)
     assert "killed at step" in listed.stdout, listed.stdout
 
 
@@ -153,6 +153,33 @@ def test_the_test_loss_is_the_mean_over_samples_not_over_batches(data, tmp_path)
     assert result.test_metrics["test/acc"] == pytest.approx(whole["test/acc"], abs=1e-7)
 
 
+class EvaluationBatches(L.Callback):
+    """The size of each batch validated (the sanity check aside) and tested."""
+
+    def __init__(self) -> None:
+        self.val: list[int] = []
+        self.test: list[int] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.val.append(len(batch[1]))
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.test.append(len(batch[1]))
+
+
+@pytest.mark.parametrize("eval_batch_size", [16, 24])
+def test_validation_and_test_run_in_batches_of_eval_batch_size(data, tmp_path, eval_batch_size):
+    """--eval-batch-size: 40 validation and 80 test images, read in batches of that size whatever --batch-size is."""
+    seen = EvaluationBatches()
+    train(tiny_config(data, tmp_path, max_epochs=1, accelerator="cpu", batch_size=32, eval_batch_size=eval_batch_size),
+          callbacks=[seen])
+    split = [*[eval_batch_size] * (40 // eval_batch_size), *([40 % eval_batch_size] if 40 % eval_batch_size else [])]
+    assert seen.val == split
+    assert seen.test == [*[eval_batch_size] * (80 // eval_batch_size),
+                         *([80 % eval_batch_size] if 80 % eval_batch_size else [])]
+
+
 def test_a_float_image_whose_brightest_pixel_is_1_is_read_as_0_to_1(tmp_path):
     from project.results.image_files import read_resized
 
@@ -185,6 +212,6 @@ def test_the_conformance_tests_check_the_recipe_a_user_names():
     env["PROJECT_RECIPE"] = "tests.second_recipe"
     done = subprocess.run([sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            "tests/test_recipe_conformance.py::test_the_recipe_under_test_is_the_one_named"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+                          capture_output=True, text=True, timeout=HANG_S, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"conformance of the recipe in {ROOT / 'tests' / 'second_recipe'}\n" in done.stdout

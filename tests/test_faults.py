@@ -20,6 +20,7 @@ import torch
 
 from helpers import (
     CHECKPOINTED,
+    HANG_S,
     ROOT,
     TRAIN,
     TWO_RANKS,
@@ -94,7 +95,7 @@ def job_ended(proc: subprocess.Popen, within: float) -> float:
 
 def wait_for_checkpoint(proc: subprocess.Popen, logdir: Path, after_step: int) -> None:
     """Until a checkpoint past ``after_step`` is saved (or the run ends)."""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HANG_S
     while saved_steps(logdir) <= after_step and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
 
@@ -103,7 +104,7 @@ def rank_pid(proc: subprocess.Popen, rank: int) -> int:
     """The process of ``rank`` in ``proc``'s job, by the LOCAL_RANK Lightning gives each rank it starts."""
     if rank == 0:
         return proc.pid
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
@@ -143,7 +144,7 @@ def drill(data: Path, logdir: Path, kills: int, extra: tuple[str, ...], total_st
     for number, point in enumerate(points):
         proc = start(data, logdir, *extra, *(("--resume", "last") if number else ()))
         kill_after(proc, logdir, max(point, saved + 1), 0.0, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL, "the run ended before its kill point"
+        assert proc.wait(timeout=HANG_S) == -signal.SIGKILL, "the run ended before its kill point"
         now = saved_steps(logdir)
         assert saved < now < total_steps, f"kill {number + 1} did not land mid-run (saved {saved}, then {now})"
         saved = now
@@ -157,7 +158,7 @@ def test_fault_drill_on_two_ranks_ends_bitwise_equal(tmp_path, uninterrupted_ddp
     data = uninterrupted_ddp["data"]
     assert len(drill(data, tmp_path / "logs", 3, TWO_RANKS, 40, drill_seed())) == 3
     resumed = start(data, tmp_path / "logs", *TWO_RANKS, "--resume", "last")
-    assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
+    assert resumed.wait(timeout=HANG_S) == 0, stderr_of(resumed)
     assert [p.name for p in (tmp_path / "logs" / "tiny").iterdir()] == ["version_0"]  # one run, one folder
     assert_same_training_state(uninterrupted_ddp["last"], newest_last_checkpoint(tmp_path / "logs"))
 
@@ -196,7 +197,7 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(tmp_
                             "step: continue with --resume last") == 1, stderr
         assert len(list(logdir.rglob("last.ckpt"))) == 1  # one run folder, one last.ckpt
     resumed = start(data, logdir, *TWO_RANKS, "--resume", "last")
-    assert resumed.wait(timeout=300) == 0, stderr_of(resumed)
+    assert resumed.wait(timeout=HANG_S) == 0, stderr_of(resumed)
     assert_same_training_state(uninterrupted_ddp["last"], newest_last_checkpoint(logdir))
 
 

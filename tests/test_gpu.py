@@ -9,7 +9,16 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import assert_same_training_state, make_tiny_data, run_script, summary_value, tiny_config, tiny_run, train
+from helpers import (
+    HANG_S,
+    assert_same_training_state,
+    make_tiny_data,
+    run_script,
+    summary_value,
+    tiny_config,
+    tiny_run,
+    train,
+)
 from project.hardware.device_step import StepMode
 from project.training.callbacks import RunsFirst
 from tests.tiny_recipe.data import TinyDataModule
@@ -39,7 +48,7 @@ def test_memory_fraction_really_limits_allocation():
         "except torch.OutOfMemoryError:\n"
         "    print('LIMITED')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert "LIMITED" in done.stdout, done.stderr
 
 
@@ -211,7 +220,7 @@ def test_compile_reduce_overhead_runs_on_cuda_graphs(tiny_data, tmp_path):
 
 def test_compile_reduce_overhead_from_the_command_line(tiny_data, tmp_path):
     done = tiny_run(tiny_data, tmp_path / "logs", "--accelerator", "gpu", "--max-epochs", "1",
-                    "--compile", "reduce-overhead", timeout=600)
+                    "--compile", "reduce-overhead", timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert float(summary_value(done.stdout, "test/acc")) > 0.5
 

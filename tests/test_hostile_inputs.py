@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, make_tiny_data, run_script_warm
+from helpers import HANG_S, ROOT, make_tiny_data, run_script_warm
 from project.errors import UsageError
 
 
@@ -131,7 +131,7 @@ def test_each_hostile_attempt_ends_in_its_one_line(name, tmp_path):
     attempt = ATTEMPTS[name]
     lay_out(tmp_path, attempt.prepare)
     before = everything_in(tmp_path)
-    done = run_script_warm(attempt.script, *attempt.args, cwd=tmp_path, timeout=60)  # no hang
+    done = run_script_warm(attempt.script, *attempt.args, cwd=tmp_path, timeout=HANG_S)  # no hang
     output = done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in output, output
@@ -215,7 +215,7 @@ def test_runs_py_shows_each_run_on_one_row_whatever_its_name_and_record_hold(tmp
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"state": "failed", "started": 1.8e9, "error": "boom\x1b[2J\nline 2"}))
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "runs.py"), "--logdir", str(tmp_path / "logs"),
-                           "--name", "tiny"], capture_output=True, text=True, timeout=60)
+                           "--name", "tiny"], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert not any(char in done.stdout + done.stderr for char in "\x1b\x07\r")
     header, row = done.stdout.splitlines()  # one row for the one run
@@ -236,7 +236,7 @@ def test_another_recipes_checkpoint_is_refused_by_every_script_naming_both(train
                 ("train.py", "--resume", str(trained["run"] / "checkpoints" / "last.ckpt"), *logs),
                 ("train.py", "--init-from", str(best), *logs)]
     for script, *args in commands:
-        done = run_script_warm(script, *args, timeout=120, env={"PROJECT_RECIPE": "tests.second_recipe"})
+        done = run_script_warm(script, *args, timeout=HANG_S, env={"PROJECT_RECIPE": "tests.second_recipe"})
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
         line = done.stderr.strip().splitlines()[-1]
         assert "trained by another recipe (tests.tiny_recipe.model:LitTiny), not by this one " \

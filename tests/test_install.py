@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import HANG_S, ROOT
 
 spec = importlib.util.spec_from_file_location("install_torch", ROOT / "scripts" / "install_torch.py")
 assert spec is not None and spec.loader is not None
@@ -56,7 +56,7 @@ def test_a_cuda_build_is_said_with_its_size_and_why():
 
 def test_the_installer_says_in_one_line_what_it_installs():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "install_torch.py"), "--dry-run"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"torch: torch {metadata.version('torch')} is installed"]
 
@@ -97,11 +97,11 @@ def test_the_constraints_accept_a_cpu_build_of_the_pinned_torch(tmp_path):
     venv.create(tmp_path / "venv", with_pip=True)
     pip = [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip"]
     subprocess.run([*pip, "install", "--quiet", "--no-deps", "--no-index", str(cpu_torch_wheel(tmp_path))],
-                   check=True, timeout=120)
+                   check=True, timeout=HANG_S)
     report = tmp_path / "report.json"
     done = subprocess.run([*pip, "install", "--dry-run", "--quiet", "--report", str(report),
                            "-c", str(ROOT / "constraints.txt"), "-e", str(ROOT)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-2000:]
     names = {item["metadata"]["name"].lower(): item["metadata"]["version"]
              for item in json.loads(report.read_text())["install"]}

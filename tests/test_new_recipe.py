@@ -85,6 +85,25 @@ def test_a_split_on_disk_is_used_as_it_is(tmp_path):
     assert len(module.load_samples(True)) == 18 and len(module.load_samples(False)) == 6
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["classes", "train-test"])
+def test_hidden_folders_of_images_are_passed_over_not_made_classes(tmp_path, split):
+    """A notebook's checkpoints or a file manager's thumbnails sit beside the class folders, full of images."""
+    root = tmp_path / "pictures"
+    bases = [root / "train", root / "test"] if split else [root]
+    for base in bases:
+        draw_shapes(base, per_class=4)
+        for hidden in (".ipynb_checkpoints", ".thumbnails"):
+            shutil.copytree(base / "circle", base / hidden)
+    assert survey(root).classes == SHAPES
+    made = recipe_from_images("seen", root, tmp_path)
+    data = written_data_module(made.package)
+    assert data.CLASSES == SHAPES
+    files = data.ImageFolders(data_dir=root).load_samples(True).files
+    assert not [path for path, _ in files if path.parent.name.startswith(".")]
+    assert sorted({path.parent.name for path, _ in files}) == list(SHAPES)
+    assert sorted(p.name for p in (made.package / "examples").iterdir()) == list(SHAPES)
+
+
 def one_class(root: Path) -> None:
     draw_shapes(root, 2)
     for name in SHAPES[1:]:

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from helpers import ROOT
+from helpers import HANG_S, ROOT
 from project import errors
 from project.errors import (
     CheckpointError,
@@ -120,7 +120,7 @@ def test_a_helper_threads_failed_write_is_left_to_the_main_threads_line(capsys):
 
 
 def script_output(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -129,7 +129,7 @@ def test_a_reader_gone_away_ends_the_script_quietly_with_sigpipes_status():
     printing = ("from project.errors import run_cli\n"
                 "def main():\n    [print(str(i % 10) * 100) for i in range(100000)]\nrun_cli(main, \"tool.py\")")
     done = subprocess.run(f"{sys.executable} -c '{printing}' | head -c 10; echo \" ${{PIPESTATUS[0]}}\"",
-                          shell=True, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          shell=True, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, executable="/bin/bash")
     assert (done.stdout, done.stderr) == ("0" * 10 + f" {128 + 13}\n", "")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TINY, event_accumulator, one_line_error, run_script, tiny_config
+from helpers import HANG_S, ROOT, TINY, event_accumulator, one_line_error, run_script, tiny_config
 from project.errors import redact, redact_values
 
 # Each form a URL or DSN carries a credential in; every SECRETn must go, everything else stay.
@@ -70,7 +70,7 @@ def test_a_sweep_on_a_url_with_passwords_writes_none_anywhere(postgres, shared_t
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--space", str(space), "--storage", url,
                            "--data-dir", str(shared_tiny_data), "--logdir", str(logdir), "--val-size", "40",
                            "--n-trials", "1"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert "postgres:***@127.0.0.1" in done.stdout and "password=***&sslpassword=***&passfile=***" in done.stdout
     trial = next(logdir.rglob("run.json")).parent
@@ -81,7 +81,7 @@ def test_a_sweep_on_a_url_with_passwords_writes_none_anywhere(postgres, shared_t
     unreachable = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:1", url)
     refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--space", str(space), "--storage",
                               unreachable, "--data-dir", str(shared_tiny_data), "--logdir", str(tmp_path / "none"),
-                              "--n-trials", "1"], capture_output=True, text=True, timeout=120)
+                              "--n-trials", "1"], capture_output=True, text=True, timeout=HANG_S)
     assert refused.returncode == 2
     line = one_line_error(refused.stderr, "sweep.py")
     assert "postgres:***@127.0.0.1:1/" in line and "?password=***&sslpassword=***&passfile=***" in line
@@ -108,7 +108,7 @@ def test_the_tuners_draw_no_bar_into_a_log(shared_tiny_data, tmp_path):
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data-dir", str(shared_tiny_data),
                                "--logdir", str(tmp_path / "logs"), *TINY, "--max-epochs", "2", "--find-lr",
                                "--find-batch-size", "--accelerator", "cpu"],
-                              stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300)
+                              stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=HANG_S)
     text = log.read_text()
     assert done.returncode == 0, text
     assert "LR finder: " in text and "batch-size finder: " in text  # the tuners ran

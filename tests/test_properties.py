@@ -36,12 +36,18 @@ def any_casing(key: str) -> st.SearchStrategy[str]:
 @FAST
 @given(st.sampled_from(KEYS).flatmap(any_casing), SECRETS,
        st.sampled_from(("postgresql", "postgresql+psycopg", "mysql+pymysql", "https", "s3", "redis")),
-       st.integers(0, 2), st.sampled_from(("url", "dsn", "env")))
+       st.integers(0, 2), st.sampled_from(("url", "dsn", "env", "encoded", "encoded-lower")))
 def test_a_credential_is_masked_whatever_its_keys_casing_scheme_and_place(key, secret, scheme, place, form):
     others = [f"user{i}=alice" for i in range(2)]
     pairs = [*others[:place], f"{key}={secret}", *others[place:]]
+    # A URL carried inside another URL's query: its own '?', '=' and '&' percent-encoded.
+    encoded = "%3F" + "%26".join(pairs).replace("=", "%3D")
     text = {"url": f"{scheme}://db.example:5432/optuna?{'&'.join(pairs)}",
-            "dsn": " ".join(pairs), "env": f"export {key.upper()}={secret}; train"}[form]
+            "dsn": " ".join(pairs), "env": f"export {key.upper()}={secret}; train",
+            "encoded": f"https://login.example/go?next={scheme}%3A%2F%2Fdb.example%2Foptuna{encoded}",
+            "encoded-lower": "https://login.example/go?next=%2fdb" + encoded.replace("%3D", "%3d").replace("%3F",
+                                                                                                           "%3f"),
+            }[form]
     masked = redact(f"storage {text} refused")
     assert secret not in masked, masked
     assert "alice" in masked or form == "env"  # only the credential goes
@@ -200,6 +206,7 @@ def test_any_image_is_read_as_the_recipes_input_or_refused_in_one_line(tmp_path_
     assert float(pixels.min()) >= -1e-4 and float(pixels.max()) <= 1 + 1e-4  # normalised pixels in [0, 1]
 
 
-@pytest.mark.parametrize("key", ["?Password=", "X-Amz-Credential=", "X-Amz-Security-Token=", "WANDB_API_KEY="])
+@pytest.mark.parametrize("key", ["?Password=", "X-Amz-Credential=", "X-Amz-Security-Token=", "WANDB_API_KEY=",
+                                 "%3Fpassword%3D", "%3fclient_secret%3d", "&token%3D"])
 def test_the_keys_a_reader_found_written_in_the_clear_are_masked(key):
     assert "hunter22" not in redact(f"https://bucket.example/object{key}hunter22&x=1")

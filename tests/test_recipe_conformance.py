@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, assert_same_training_state, run_script_fitting
+from helpers import HANG_S, ROOT, assert_same_training_state, run_script_fitting
 
 INSTALLED = {"PROJECT_RECIPE": os.environ["RECIPE_UNDER_TEST"],  # set by conftest.py
              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -57,14 +57,14 @@ for index in range(len(data.test_set)):
 
 
 def on_installed(code: str, *args: str) -> None:
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={**os.environ, **INSTALLED})
     assert done.returncode == 0, done.stderr
     print(done.stdout, end="")
 
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
-    done = run_script_fitting(name, *args, env=INSTALLED, timeout=400)
+    done = run_script_fitting(name, *args, env=INSTALLED, timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -98,7 +98,7 @@ def test_steps_per_call_change_nothing(installed):
 def test_a_killed_run_resumes_to_the_same_weights(installed, tmp_path):
     common = ("--data-dir", str(installed["data"]), "--logdir", str(tmp_path), *RUN, "--steps-per-call", "1")
     killed = subprocess.run([sys.executable, str(ROOT / "tests" / "faulty_train.py"), *common], capture_output=True,
-                            text=True, timeout=400, env={**os.environ, **INSTALLED, "STOP_AT": "step-7:KILL"})
+                            text=True, timeout=HANG_S, env={**os.environ, **INSTALLED, "STOP_AT": "step-7:KILL"})
     assert killed.returncode == -9, killed.stderr
     assert 0 < last(tmp_path)["global_step"] < last(installed["logs"])["global_step"]
     script("train.py", *common, "--resume", "last")
@@ -155,7 +155,7 @@ def test_the_recipe_under_test_is_the_one_named():
 def test_the_recipes_presets_and_sweep_space_are_its_own():
     listing = ("import json; from project.contract import installed_recipe; r = installed_recipe(); "
                "print(json.dumps([sorted(r.presets()), (r.folder / 'sweep.yaml').is_file()]))")
-    done = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=60, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={**os.environ, **INSTALLED})
     assert done.returncode == 0, done.stderr
     presets, has_space = json.loads(done.stdout)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import (
+    HANG_S,
     ROOT,
     TINY,
     one_line_error,
@@ -172,15 +173,15 @@ def test_a_second_ctrl_c_stops_at_once():
             "os.kill(os.getpid(), signal.SIGINT)\n"
             "print('noted', signals.name(), flush=True)\n"
             "os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(30)\n"
+            "time.sleep(600)\n"
             "print('still running')\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=ROOT)
     assert child.stdout.readline() == "noted Ctrl-C\n"  # the first one only noted; the second is sent right after
     second = time.monotonic()
-    assert child.wait(timeout=60) == 130
+    assert child.wait(timeout=HANG_S) == 130
     # Timed from the second Ctrl-C, not from the start: importing under a loaded machine says nothing of the bound.
-    assert time.monotonic() - second < 10  # not after the 30 s sleep
+    assert time.monotonic() - second < 300  # not after the 600 s sleep: only a missed Ctrl-C waits that long
     assert child.stdout.read() == "" and child.stderr.read().strip() == "interrupted again: stopping now"
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import (
+    HANG_S,
     ROOT,
     TIMED,
     TRAIN,
@@ -74,7 +75,7 @@ def assert_same_run(resumed: dict, reference: dict) -> None:
 def stop(data: Path, logdir: Path, phase: str, signal_name: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "STOP_AT": f"{phase}:{signal_name}"}
     return subprocess.run([sys.executable, FAULTY, "--data-dir", str(data), "--logdir", str(logdir), *FLAGS, *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=HANG_S, env=env)
 
 
 # What the stopped run says: one line, true to where it stopped.
@@ -200,7 +201,7 @@ def test_runs_started_together_never_share_a_folder(data, tmp_path):
     procs = [subprocess.Popen([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(tmp_path / "logs"),
                                *FLAGS, "--max-epochs", "1", "--seed", str(seed)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
-    outputs = [p.communicate(timeout=300) for p in procs]
+    outputs = [p.communicate(timeout=HANG_S) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     runs = sorted((tmp_path / "logs" / "tiny").iterdir())
     assert [r.name for r in runs] == ["version_0", "version_1"]
@@ -223,7 +224,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(data, tmp_path):
     train(tiny_config(data, logs, **{**SETTINGS, "max_epochs": 1}))
     before = {p: p.stat().st_mtime_ns for p in logs.rglob("*")}
     done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(logs), *FLAGS,
-                           "--max-epochs", "1", "--resume", "last"], capture_output=True, text=True, timeout=300)
+                           "--max-epochs", "1", "--resume", "last"], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0 and done.stdout == ""
     assert done.stderr.strip().splitlines()[-1].startswith(f"train.py: {logs / 'tiny' / 'version_0'} is finished")
     assert {p: p.stat().st_mtime_ns for p in logs.rglob("*")} == before
@@ -259,7 +260,7 @@ def small_disk(tmp_path: Path):
 def fill_at(data: Path, disk: Path, phase: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FILL_DISK": f"{phase}:{disk / 'filler'}"}
     return subprocess.run([sys.executable, FAULTY, "--data-dir", str(data), "--logdir", str(disk / "logs"), *FLAGS],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=HANG_S, env=env)
 
 
 def only_line(stderr: str) -> str:
@@ -274,7 +275,7 @@ def only_line(stderr: str) -> str:
 def test_a_full_disk_at_the_start_is_one_line_and_writes_nothing(data, small_disk):
     fill_file_system(small_disk / "filler")
     done = subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--logdir", str(small_disk / "logs"),
-                           *FLAGS], capture_output=True, text=True, timeout=300)
+                           *FLAGS], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 2
     assert only_line(done.stderr) == (f"train.py: error: --logdir {small_disk / 'logs'}: cannot write there "
                                       "(No space left on device)")
@@ -327,7 +328,7 @@ def test_a_checkpoint_past_the_file_size_limit_is_said_as_such(tmp_path):
             "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY)); "
             "atomic_save({'w': torch.zeros(100_000)}, sys.argv[1])")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.ckpt")], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=HANG_S, cwd=ROOT)
     assert "OSError: [Errno 27] File too large: this process may write files of at most 65,536 bytes" in done.stderr
     assert not list(tmp_path.iterdir())  # no partial file left
 
@@ -382,7 +383,7 @@ def test_bad_config_files_and_seeds_are_one_line(tmp_path, capsys):
         said = str(err.value) if err.type is UsageError else capsys.readouterr().err  # argparse prints and exits 2
         assert message in said and said.strip().count("\n") == 0, said
     done = subprocess.run([sys.executable, TRAIN, "--config", str(utf16)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG_S)
     assert done.returncode == 2 and done.stderr == f"train.py: error: --config {utf16}: not UTF-8 text (save it " \
                                                    "as UTF-8)\n"
 

@@ -143,6 +143,26 @@ def test_no_run_to_choose_is_one_line_naming_why(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"--resume last: passing over {parent / 'damaged'}: damaged (")
 
 
+def test_a_recorded_best_deleted_by_hand_is_never_returned_as_the_best(tmp_path):
+    parent = tmp_path / "tiny"
+    older = run(parent, "older", finished(1.0, best_checkpoint="best-acc0.80.ckpt"), best="best-acc0.80.ckpt")
+    newer = run(parent, "newer", finished(2.0, best_checkpoint="best-acc0.95.ckpt"), last=True,
+                results={"best_checkpoint": str(parent / "newer" / "checkpoints" / "best-acc0.95.ckpt")},
+                best="best-acc0.95.ckpt")
+    (newer / "checkpoints" / "best-acc0.95.ckpt").unlink()  # the user made room on the disk
+    assert run_folder.best_checkpoint(newer) is None and RunFolder(newer).best_checkpoint is None
+    assert run_folder.run_info(newer).best is None
+    for choose in (run_folder.checkpoint_of, RunFolder.checkpoint):  # --ckpt best; evaluate.py and predict.py
+        path, chosen = choose("best", tmp_path, "tiny", "--ckpt")
+        assert path == older / "checkpoints" / "best-acc0.80.ckpt" and path.is_file() and chosen.folder == older
+    (newer / "checkpoints" / "best-acc0.90.ckpt").write_bytes(b"w")  # another of its best checkpoints is left
+    assert run_folder.best_checkpoint(newer) == newer / "checkpoints" / "best-acc0.90.ckpt"
+    (older / "checkpoints" / "best-acc0.80.ckpt").unlink()
+    (newer / "checkpoints" / "best-acc0.90.ckpt").unlink()
+    with pytest.raises(UsageError, match="--ckpt best: no run with a best checkpoint under"):
+        RunFolder.checkpoint("best", tmp_path, "tiny", "--ckpt")
+
+
 def test_a_run_without_a_recorded_best_is_scored_by_its_file_names(tmp_path):
     folder = run(tmp_path, "v", {"state": "finished", "started": 1.0}, best="best-acc0.91.ckpt")
     (folder / "checkpoints" / "best-acc0.97.ckpt").write_bytes(b"w")

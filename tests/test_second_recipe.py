@@ -20,7 +20,15 @@ import torch
 from conftest import BARS
 from PIL import Image
 
-from helpers import ROOT, assert_same_training_state, event_accumulator, newest_last_checkpoint, one_line_error, run_in
+from helpers import (
+    HANG_S,
+    ROOT,
+    assert_same_training_state,
+    event_accumulator,
+    newest_last_checkpoint,
+    one_line_error,
+    run_in,
+)
 from project.training.steps_per_call import steps_for
 
 RECIPE_FILES = ROOT / "tests" / "second_recipe"
@@ -64,7 +72,7 @@ def test_steps_per_call_trains_bitwise_the_same(second_recipe, tmp_path, steps_p
     template = second_recipe["template"]
     done = subprocess.run([sys.executable, str(template / "tests" / "faulty_train.py"), "--data-dir",
                            str(second_recipe["data"]), "--logdir", str(tmp_path), *BARS, "--steps-per-call",
-                           steps_per_call], capture_output=True, text=True, timeout=300, cwd=template,
+                           steps_per_call], capture_output=True, text=True, timeout=HANG_S, cwd=template,
                           env={**os.environ, "PROJECT_RECIPE": "project.recipe", "STEP_SECONDS": "0.002"})
     assert done.returncode == 0, done.stderr
     chosen = int(re.search(r"^steps per call (\d+)", done.stdout, re.MULTILINE).group(1))
@@ -81,7 +89,7 @@ def test_kill_9_mid_run_then_resume_last_is_bitwise_the_same(second_recipe, tmp_
     template, data = second_recipe["template"], second_recipe["data"]
     args = ("--data-dir", str(data), "--logdir", str(tmp_path), *BARS)
     killed = subprocess.run([sys.executable, str(template / "tests" / "faulty_train.py"), *args, "--steps-per-call",
-                             "8"], capture_output=True, text=True, timeout=300, cwd=template,
+                             "8"], capture_output=True, text=True, timeout=HANG_S, cwd=template,
                             env={**os.environ, "PROJECT_RECIPE": "project.recipe", "STOP_AT": "step-17:KILL"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     saved = newest_last_checkpoint(tmp_path, "bars")
@@ -95,7 +103,7 @@ def test_kill_9_mid_run_then_resume_last_is_bitwise_the_same(second_recipe, tmp_
 @pytest.mark.slow
 def test_ddp_on_two_cpu_ranks(second_recipe, tmp_path):
     done = run_in(second_recipe["template"], "train.py", "--data-dir", str(second_recipe["data"]), "--logdir",
-                  str(tmp_path), *BARS, "--devices", "2", timeout=400)
+                  str(tmp_path), *BARS, "--devices", "2", timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert "world size 2" in done.stdout
     results = json.loads((tmp_path / "bars" / "version_0" / "results.json").read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CHECKPOINTED, ROOT, assert_same_training_state, make_tiny_data, tiny_config, train
+from helpers import CHECKPOINTED, HANG_S, ROOT, assert_same_training_state, make_tiny_data, tiny_config, train
 from project.reliability.checkpointing import read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def submit(slurm, logdir: Path, *flags: str, tasks: int = 1) -> int:
                         "--logdir", str(logdir), *flags)
 
 
-def wait_for(condition, what: str, timeout: float = 600, fail: bool = True):
+def wait_for(condition, what: str, timeout: float = HANG_S, fail: bool = True):
     """Polls ``condition``; ``timeout`` guards against a hang, long enough for a machine kept busy by others."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

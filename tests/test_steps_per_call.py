@@ -156,6 +156,22 @@ def test_runs_that_count_lightning_steps_take_one_step_per_call():
         choose_steps_per_call(RunConfig(steps_per_call=8, trainer={"limit_train_batches": 1}), 1, cpu)  # one batch
 
 
+def test_clipping_under_auto_trains_one_step_per_call_and_clips(data, tmp_path):
+    """docs/speed.md: --trainer.gradient_clip_val counts Lightning steps, so auto takes K = 1 and Lightning clips."""
+    clip = {"trainer": {"gradient_clip_val": 0.05}, "max_epochs": 1, "cuda_graphs": False}
+    auto, auto_state = run(data, tmp_path / "auto", "auto", **clip)
+    assert auto.steps.planned == StepsPerCall(1, "--trainer.gradient_clip_val counts Lightning steps", auto=True)
+    one, one_state = run(data, tmp_path / "one", 1, **clip)
+    assert_same_training_state(one_state, auto_state)
+    _, free_state = run(data, tmp_path / "free", 1, max_epochs=1, cuda_graphs=False)
+    assert any(not torch.equal(free_state["state_dict"][key], tensor)  # the clipping took effect
+               for key, tensor in auto_state["state_dict"].items())
+    with pytest.raises(UsageError) as refused:
+        run(data, tmp_path / "four", 4, **clip)
+    assert str(refused.value) == ("--steps-per-call 4: not possible here (--trainer.gradient_clip_val counts Lightning "
+                                  "steps); use --steps-per-call 1 or auto")
+
+
 @pytest.mark.parametrize(("settings", "world_size", "per_sample", "why"), [
     ({}, 2, False, "DDP all-reduces gradients once per forward of its wrapper, so each Lightning step takes one batch"),
     ({"strategy": "fsdp"}, 1, False, "--strategy fsdp wraps the model's forward, and a Lightning step must be one "

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from helpers import ROOT, tiny_recipe, train
+from helpers import HANG_S, ROOT, tiny_recipe, train
 from project.errors import UsageError, UserError
 from project.sweeps.storage import open_storage
 from project.sweeps.study import Objective, grid, load_space, open_study, prepare
@@ -77,7 +77,7 @@ def test_sweep_resumes_shares_storage_prunes_and_reports(tiny_data, tmp_path):
     # Two more processes on the same storage: each resumes the study, and they share it.
     workers = [subprocess.Popen(sweep(space, storage, tiny_data, logdir, 2), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [w.communicate(timeout=300) for w in workers]
+    outputs = [w.communicate(timeout=HANG_S) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
     assert all("trials so far; running 2 more on 1 worker(s)" in out for out, _ in outputs)
     assert any("4 trials so far" in out for out, _ in outputs)
@@ -107,7 +107,7 @@ def test_processes_started_together_share_a_new_study(storage, tiny_data, tmp_pa
     space = write_space(tmp_path, QUICK)
     command = sweep(space, storage, tiny_data, tmp_path / "logs", 3, "--sampler", "random", "--heartbeat", "5")
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [p.communicate(timeout=300) for p in procs]
+    outputs = [p.communicate(timeout=HANG_S) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert not any(err.strip() for _, err in outputs), outputs  # no traceback, no warning
     trials = load(storage).trials
@@ -122,12 +122,12 @@ def test_processes_started_together_share_a_new_study(storage, tiny_data, tmp_pa
 
     if storage.startswith("postgresql"):  # a journal's study resuming: test_sweep_resumes_shares_storage_...
         again = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 1), capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=HANG_S)
         assert again.returncode == 0 and "6 trials so far; running 1 more" in again.stdout, again.stderr
         assert len(load(storage).trials) == 7
 
 
-def wait_for_training_trial(storage: str, proc: subprocess.Popen, timeout: float = 120) -> optuna.trial.FrozenTrial:
+def wait_for_training_trial(storage: str, proc: subprocess.Popen, timeout: float = HANG_S) -> optuna.trial.FrozenTrial:
     """The first trial once it has reported two epochs' val/acc: mid-training, not starting up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -158,7 +158,7 @@ def test_a_killed_workers_trial_is_failed_and_retried(storage, tiny_data, tmp_pa
     assert [t.state for t in left] == [TrialState.RUNNING] and len(left[0].intermediate_values) < 40  # stays so
     assert not (tmp_path / "logs" / "sweeps" / "tiny-sweep" / "trials" / "trial_000" / "results.json").exists()
 
-    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
     assert second.returncode == 0, second.stdout + second.stderr
     trials = load(storage).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
@@ -176,7 +176,7 @@ def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_data, tmp_pat
     space = write_space(tmp_path, QUICK.replace("max_epochs: 1", "max_epochs: 6"))
     storage = str(tmp_path / "study.journal")
     done = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 4, "--workers", "2", "--sampler",
-                                "random", "--sampler-seed", "0"), capture_output=True, text=True, timeout=300)
+                                "random", "--sampler-seed", "0"), capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     half = len(cores) // 2
     pinned = [",".join(map(str, cores[:half])), ",".join(map(str, cores[half:2 * half]))]
@@ -220,6 +220,28 @@ MISTAKES = [
 ]
 
 
+def test_a_flag_given_to_sweep_py_wins_over_fixed_and_fixed_over_a_flag_left_out(monkeypatch, shared_tiny_data,
+                                                                                  tmp_path):
+    """The order docs/experiments.md gives: the recipe's defaults, then ``fixed``, then the flags given, then the
+    trial's ``params``."""
+    import shutil
+
+    other_data = tmp_path / "other"
+    shutil.copytree(shared_tiny_data, other_data)
+    space = write_space(tmp_path, f"fixed:\n  val_size: 100\n  accelerator: cpu\n  data_dir: {other_data}\n"
+                                  "  max_epochs: 1\nparams:\n  lr: {type: float, low: 0.01, high: 0.3}\n")
+    common = ("--space", str(space), "--logdir", str(tmp_path / "logs"))
+    _, _, objective = prepare(tiny_recipe(), sweep_args(monkeypatch, *common, "--study-name", "left-out"))
+    config = objective.trial_config({"lr": 0.05})
+    assert (config.val_size, config.accelerator, config.data_dir, config.lr) == (100, "cpu", str(other_data), 0.05)
+    given = sweep_args(monkeypatch, *common, "--study-name", "given", "--val-size", "40", "--accelerator", "auto",
+                       "--data-dir", str(shared_tiny_data))
+    _, _, objective = prepare(tiny_recipe(), given)
+    config = objective.trial_config({"lr": 0.05, "val_size": 0.25})
+    assert (config.accelerator, config.data_dir) == ("auto", str(shared_tiny_data))
+    assert config.val_size == 0.25 and objective.trial_config({}).val_size == 40  # params last of all
+
+
 @pytest.mark.parametrize(("argv", "message"), MISTAKES)
 def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, tmp_path, argv, message):
     monkeypatch.chdir(tmp_path)  # where a storage string taken for a file's name would create it
@@ -243,7 +265,7 @@ def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, t
 def test_a_bad_storage_is_one_line_and_exit_code_2(shared_tiny_data, tmp_path):
     space = write_space(tmp_path, QUICK)
     done = subprocess.run(sweep(space, f"sqlite:///{tmp_path}/s.db", shared_tiny_data, tmp_path / "logs", 1),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == UsageError.exit_code and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sweep.py: error: --storage sqlite:///")
     assert not (tmp_path / "s.db").exists()
@@ -321,7 +343,7 @@ def test_a_grid_sweep_over_device_counts_runs_each_combination_once(tiny_data, t
                                   "  momentum: {type: categorical, choices: [0.9]}\n")
     storage = str(tmp_path / "study.journal")
     done = subprocess.run(sweep(space, storage, tiny_data, tmp_path / "logs", 10, "--sampler", "grid"),
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 trials so far; running 10 more (grid of 2) on 1 worker(s)" in done.stdout
     study = load(storage)

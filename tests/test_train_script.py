@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import ROOT, event_accumulator, summary_value, tiny_config, tiny_recipe, tiny_run, train
+from helpers import HANG_S, ROOT, event_accumulator, summary_value, tiny_config, tiny_recipe, tiny_run, train
 from project.errors import UserError
 from project.reliability.resume import checkpoint_to_resume
 
@@ -44,7 +44,7 @@ def test_a_run_writes_scalars_checkpoints_weights_and_real_hparams(trained):
     assert f"tensorboard --logdir {run.parent}  (this run: {run.name})" in output  # named by its folder there
     printed = next(line for line in output.splitlines() if line.startswith("TensorBoard "))
     command = printed.split()[1]  # runs as printed from the project folder in a new shell, no venv activated
-    done = subprocess.run([command, "--version_tb"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+    done = subprocess.run([command, "--version_tb"], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")})
     assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
 
