@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -c constraints.txt
 ARGS ?=
 
-.PHONY: train test test-fast lint benchmark mutation-check figures clean
+.PHONY: train test test-fast lint benchmark mutation-check mutation-diff figures clean
 
 # What training needs; the test tools come with `make test` (in one pip call: one resolve, not two).
 INSTALL = $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -U pip && $(PY) scripts/install_torch.py && $(PIP) -e
@@ -41,6 +41,13 @@ benchmark: $(VENV)/.installed
 # Each known bug made in a copy of the template, and the tests that must catch it run there.
 mutation-check: $(VENV)/.installed-dev
 	$(PY) scripts/mutation_check.py $(ARGS)
+
+# mutmut over the functions changed since BASE (a commit; default HEAD: the changes not yet committed), with the
+# tests that reach them: the score and each survivor. mutmut is not a dependency: installed here on first use.
+BASE ?= HEAD
+mutation-diff: $(VENV)/.installed-dev
+	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q mutmut==3.8.1
+	$(PY) scripts/mutation_diff.py --base $(BASE) $(ARGS)
 
 # The default run's output and the CPU benchmark tables, as docs/figures.md quotes them.
 figures: $(VENV)/.installed

@@ -16,6 +16,7 @@ import pytest
 from project.recipe.example import write_example_digits
 from project.recipe.mnist_files import RAW_FILES, raw_folder
 from tests import helpers
+from tests.helpers import HANG_S
 
 THIS_RECIPE = {"PROJECT_RECIPE": "project.recipe"}
 
@@ -27,7 +28,7 @@ def this_recipe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def run_script(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(script: str, *args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     """``scripts/<script>`` in a fresh interpreter, on this recipe."""
     return helpers.run_script(script, *args, timeout=timeout, env=THIS_RECIPE)
 

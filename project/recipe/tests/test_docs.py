@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from project.recipe.tests.conftest import THIS_RECIPE
+from tests.helpers import HANG_S
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -87,7 +88,7 @@ def test_the_pages_show_commands_of_every_script() -> None:
 
 def test_every_documented_command_parses(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", PARSE_EACH, json.dumps(documented_commands())], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
+                          capture_output=True, text=True, timeout=HANG_S,
                           env={**os.environ, **THIS_RECIPE, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     refused = json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from project.recipe.tests.conftest import THIS_RECIPE, run_script
-from tests.helpers import ROOT
+from tests.helpers import HANG_S, ROOT
 
 
 def printed_config(*args: str) -> dict:
@@ -39,7 +39,7 @@ def test_the_sweep_space_is_checked_against_this_installed_recipe():
     read = ("from project.contract import installed_recipe; from project.sweeps.study import load_space; "
             "r = installed_recipe(); fixed, params = load_space(str(r.folder / 'sweep.yaml'), r); "
             "print(sorted(fixed), sorted(params))")
-    done = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=60, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT,
                           env={**os.environ, **THIS_RECIPE})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['scheduler']", "['batch_size',", "'hidden',", "'lr',", "'max_epochs',",
