@@ -184,8 +184,12 @@ def main() -> int:
         template = copy_template(Path(scratch) / "template")
         (template / "pyproject.toml").write_text(mutmut_config(pyproject, changed, tests), encoding="utf-8")
         mutmut = str(Path(sys.executable).with_name("mutmut"))
-        subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names], cwd=template,
-                       stdout=subprocess.DEVNULL, check=False)
+        ran = subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names], cwd=template,
+                             capture_output=True, text=True, check=False)
+        if ran.returncode != 0:  # e.g. a test that fails without any mutant: mutmut checks none
+            print((ran.stdout + ran.stderr).rstrip()[-3000:])
+            print(f"mutmut failed (exit code {ran.returncode}): no score")
+            return 2
         statuses = statuses_in(template, changed)
         counts, share = score(statuses)
         survivors = sorted(key for key, status in statuses.items() if status == SURVIVED)

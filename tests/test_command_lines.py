@@ -40,7 +40,7 @@ def test_each_tools_settings_and_defaults(monkeypatch):
         **common, "space": str(recipe.folder / "sweep.yaml"), "n_trials": 20,
         "storage": "lightning_logs/sweeps/" + cli.SWEEP_STORAGE, "workers": "auto", "heartbeat": 60, "worker": False,
         "study_name": "tiny-sweep", "pruner": "median", "sampler": "tpe", "sampler_seed": None, "data_dir": None,
-        "logdir": "lightning_logs", "val_size": None, "accelerator": "auto"}
+        "logdir": "lightning_logs", "val_size": None, "accelerator": None}  # None: the space's fixed, else auto
     assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--logdir", "runs", "--workers", "2",
                   "--val-size", "0.25")["storage"] == "runs/sweeps/" + cli.SWEEP_STORAGE
     assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--storage", "postgresql://h/db")[
