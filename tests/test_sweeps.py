@@ -242,6 +242,26 @@ def test_a_flag_given_to_sweep_py_wins_over_fixed_and_fixed_over_a_flag_left_out
     assert config.val_size == 0.25 and objective.trial_config({}).val_size == 40  # params last of all
 
 
+def test_the_sampler_seed_and_heartbeat_flags_reach_the_study_and_its_storage(monkeypatch, shared_tiny_data,
+                                                                               tmp_path):
+    from project.sweeps import study as sweep
+
+    opened = []
+    real_open = sweep.open_storage
+    monkeypatch.setattr(sweep, "open_storage", lambda spec, *rest: opened.append(rest) or real_open(spec, *rest))
+    space = write_space(tmp_path, QUICK)
+
+    def first_lrs(journal: str, *flags: str) -> list[float]:
+        args = sweep_args(monkeypatch, "--space", str(space), "--storage", str(tmp_path / journal), "--data-dir",
+                          str(shared_tiny_data), "--logdir", str(tmp_path / journal), *flags)
+        study, _, objective = prepare(tiny_recipe(), args)
+        return [sweep.suggest(study.ask(), objective.params)["lr"] for _ in range(3)]
+
+    assert first_lrs("a", "--sampler-seed", "5", "--heartbeat", "7") == first_lrs("b", "--sampler-seed", "5") != \
+        first_lrs("c", "--sampler-seed", "6")
+    assert opened == [(7,), (60,), (60,)]
+
+
 @pytest.mark.parametrize(("argv", "message"), MISTAKES)
 def test_mistakes_are_reported_before_any_trial(monkeypatch, shared_tiny_data, tmp_path, argv, message):
     monkeypatch.chdir(tmp_path)  # where a storage string taken for a file's name would create it
@@ -403,8 +423,10 @@ def test_a_study_keeps_its_space_and_its_trials_folder(monkeypatch, shared_tiny_
     study.optimize(objective, n_trials=1)
     other = tmp_path / "other.yaml"
     other.write_text("fixed:\n  max_epochs: 1\nparams:\n  momentum: {type: float, low: 0.5, high: 0.9}\n")
-    with pytest.raises(UsageError, match="its trials searched lr; this space searches momentum: choose another"):
+    with pytest.raises(UsageError) as refused:
         prepare(tiny_recipe(), sweep_args(monkeypatch, "--space", str(other), *common))
+    assert str(refused.value) == ("--study-name tiny-sweep: its trials searched lr; this space searches momentum: "
+                                  "choose another --study-name for another space")
     with pytest.raises(UsageError) as refused:
         elsewhere = sweep_args(monkeypatch, "--space", str(space), *common[2:], "--storage",
                                str(tmp_path / "new.journal"))
