@@ -15,6 +15,7 @@ In a notebook::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,21 @@ def __getattr__(name: str) -> Any:
 
 def train(config: RunConfig, recipe: Recipe, **options: Any) -> RunResult:
     """One run of ``recipe`` (``project.training.run.train``: ``callbacks``, ``test``, ``on_tested``...)."""
+    from lightning.pytorch import Callback
+
     from project.training.run import train as run
 
+    _check_recipe(recipe, "train")
+    if not isinstance(config, RunConfig):
+        raise UsageError(f"train(config=...): expected a RunConfig (RunConfig.for_recipe(recipe, ...)), got "
+                         f"{_shown(config)}")
+    callbacks = options.get("callbacks", ())
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):
+        raise UsageError(f"train(callbacks=...): expected a list of Lightning callbacks, got {_shown(callbacks)}")
+    stranger = next((item for item in callbacks if not isinstance(item, Callback)), None)
+    if stranger is not None:
+        raise UsageError(f"train(callbacks=...): expected Lightning callbacks (lightning.pytorch.Callback), got "
+                         f"{_shown(stranger)}")
     return run(config, recipe, **options)
 
 
@@ -59,7 +73,10 @@ def evaluate(recipe: Recipe, ckpt: str | None = None, weights: str | None = None
     """``evaluate.py``'s numbers: a checkpoint (default: the newest run's best) or ``model.pth`` on the test set."""
     from project.results.evaluation import evaluate_test_set, load_classifier
 
-    return evaluate_test_set(recipe, load_classifier(recipe, ckpt, weights, logdir, name), data_dir)
+    _check_recipe(recipe, "evaluate")
+    ckpt, weights, data_dir, logdir, name = (_path(value, "evaluate", argument) for argument, value in (
+        ("ckpt", ckpt), ("weights", weights), ("data_dir", data_dir), ("logdir", logdir), ("name", name)))
+    return evaluate_test_set(recipe, load_classifier(recipe, ckpt, weights, str(logdir), name), data_dir)
 
 
 def predict(recipe: Recipe, inputs: Sequence[str], ckpt: str | None = None, weights: str | None = None,
@@ -68,5 +85,34 @@ def predict(recipe: Recipe, inputs: Sequence[str], ckpt: str | None = None, weig
     from project.results.evaluation import load_classifier
     from project.results.prediction import classify_files
 
-    classifier = load_classifier(recipe, ckpt, weights, logdir, name)
-    return [outcome for _, outcome in classify_files(recipe, classifier, list(inputs), topk)]
+    _check_recipe(recipe, "predict")
+    if isinstance(inputs, (str, bytes, os.PathLike)) or not isinstance(inputs, Sequence):
+        raise UsageError(f"predict(inputs=...): expected a list of image files or folders, got {_shown(inputs)}"
+                         + (f"; for one, pass [{inputs!r}]" if isinstance(inputs, (str, os.PathLike)) else ""))
+    paths = [str(_path(item, "predict", "inputs")) for item in inputs]
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise UsageError(f"predict(topk=...): expected a whole number of classes, 1 or more, got {_shown(topk)}")
+    ckpt, weights, logdir, name = (_path(value, "predict", argument) for argument, value in (
+        ("ckpt", ckpt), ("weights", weights), ("logdir", logdir), ("name", name)))
+    classifier = load_classifier(recipe, ckpt, weights, str(logdir), name)
+    return [outcome for _, outcome in classify_files(recipe, classifier, paths, topk)]
+
+
+def _check_recipe(recipe: Any, function: str) -> None:
+    if not isinstance(recipe, Recipe):
+        raise UsageError(f"{function}(recipe=...): expected a Recipe (project.api.load_recipe('package')), got "
+                         f"{_shown(recipe)}")
+
+
+def _path(value: Any, function: str, argument: str) -> Any:
+    """A path argument (None where it may be left out) as text, or one line naming the argument."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise UsageError(f"{function}({argument}=...): expected a path (str or pathlib.Path), got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

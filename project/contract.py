@@ -37,6 +37,16 @@ class RecipeError(UsageError):
     that is not there."""
 
 
+def folder_name_problem(name: str) -> str | None:
+    """The one rule for every name that becomes a folder (a recipe's, a run's, a study's): one plain name, no path,
+    no '..', not too long for a file system. What is wrong with ``name``, or None."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or name.startswith("-"):
+        return "must be one plain folder name"
+    if len(name.encode()) > 100:
+        return f"must be at most 100 bytes long, got {len(name.encode())}"
+    return None
+
+
 @dataclass(frozen=True)
 class Option:
     """One of the recipe's own hyperparameters (layer widths, a CNN's channels, ...).
@@ -71,11 +81,22 @@ class Recipe:
     example_data: str | None = None
     package: str = DEFAULT_RECIPE  # set by load_recipe(): the package the names above are relative to
 
+    def __post_init__(self) -> None:
+        problem = folder_name_problem(self.name) if isinstance(self.name, str) else "must be text"
+        if problem:  # runs go to LOGDIR/NAME: a path there would write elsewhere
+            raise RecipeError(f"Recipe(name=...): {problem}, got {self.name!r}")
+        for field_name in ("module", "datamodule"):
+            spec = getattr(self, field_name)
+            if not isinstance(spec, str) or ":" not in spec:
+                raise RecipeError(f"Recipe({field_name}=...): must be '.module:Class' (or 'package.module:Class'), "
+                                  f"got {spec!r}")
+
     def module_class(self) -> Any:
-        return load_class(self.module, self.package)
+        return _a_class(load_class(self.module, self.package), f"recipe {self.package}: module {self.module!r}")
 
     def datamodule_class(self) -> Any:
-        return load_class(self.datamodule, self.package)
+        return _a_class(load_class(self.datamodule, self.package),
+                        f"recipe {self.package}: datamodule {self.datamodule!r}")
 
     def write_example_data(self, folder: Path, train: int = 320, test: int = 80, seed: int = 0) -> Path:
         """The recipe's example dataset in ``folder`` (for tests and first tries without the real data)."""
@@ -127,6 +148,13 @@ def load_class(spec: str, package: str = DEFAULT_RECIPE) -> Any:
     return getattr(loaded, name)
 
 
+def _a_class(found: Any, where: str) -> Any:
+    """What a recipe names as its module or datamodule: a class (the engine calls it with settings by name)."""
+    if not isinstance(found, type):
+        raise RecipeError(f"{where}: is a {type(found).__name__}, not a class; name the class (e.g. '.model:LitNet')")
+    return found
+
+
 def _import(module: str, where: str, package: str | None = None) -> Any:
     """``import_module``, any failure of the module's own code said in one line with its file and line."""
     try:
@@ -159,6 +187,9 @@ def recipe_package() -> str:
 
 def load_recipe(package: str) -> Recipe:
     """``RECIPE`` of ``package``, or a ``RecipeError`` naming the setting and what to fix."""
+    if not isinstance(package, str):
+        raise RecipeError(f"load_recipe(package): expected a package's dotted name (str), such as "
+                          f"'my_recipes.digits', got {type(package).__name__} {package!r}")
     where = f"{RECIPE_VARIABLE}={package}"
     if not MODULE_NAME.fullmatch(package):
         raise RecipeError(f"{where}: not an importable module name; give an absolute, dotted name such as "

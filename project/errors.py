@@ -27,8 +27,44 @@ _KEY_VALUE = re.compile(
 )
 
 
+# A scheme as typed, well formed or not: 'postgresql://', 'postgresql:/', 'mysql+pymysql://'.
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/+")
+# Short passwords are masked only where a URL's pattern finds them: "pw" alone would mask every "pw" printed.
+SHORTEST_HIDDEN = 4
+# Texts given to a script that carry a credential the patterns below may not find (a URL with a space in its
+# password, one slash, no scheme), each with what is shown instead: filled by ``hide_credentials_of``.
+_GIVEN: dict[str, str] = {}
+
+
+def userinfo_password(text: str) -> str | None:
+    """The password of ``[scheme:/+]user:password@host...``, however malformed: everything between the userinfo's
+    first ':' and the text's last '@'."""
+    if "@" not in text:
+        return None
+    head = text[: text.rindex("@")]
+    userinfo = _SCHEME.sub("", head, count=1)
+    if ":" not in userinfo and "://" not in head:  # "user:/pw@host": no scheme, a password starting with '/'
+        userinfo = head
+    _, colon, password = userinfo.partition(":")
+    return password if colon and password else None
+
+
+def hide_credentials_of(text: str) -> None:
+    """Remember a value a script was given (a storage URL, a data folder), so that every later ``redact`` masks
+    its password wherever it appears, whatever the URL's shape: a space in the password, ``postgresql:/``, no
+    scheme at all."""
+    password = userinfo_password(text)
+    if password:
+        at = text.rindex("@")
+        _GIVEN[text] = text[: at - len(password)] + MASK + text[at:]
+        if len(password) >= SHORTEST_HIDDEN:
+            _GIVEN[password] = MASK
+
+
 def redact(text: str) -> str:
     """``text`` with every credential in it replaced by ``***``."""
+    for given in sorted(_GIVEN, key=len, reverse=True):  # a whole value before the password inside it
+        text = text.replace(given, _GIVEN[given])
     text = _USERINFO.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
     return _KEY_VALUE.sub(lambda m: f"{m.group('key')}{m.group('sep')}{MASK}", text)
 

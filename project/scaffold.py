@@ -13,23 +13,29 @@ import keyword
 import math
 import re
 import shutil
+import signal
 import statistics
 import string
-import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from PIL import Image
 
-from project.errors import ImageError, UsageError
+from project.errors import ImageError, Terminated, UsageError
 from project.results.image_files import with_image
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 TEST_SHARE = 0.2  # held out for testing where the folder has no train/ and test/
 EXAMPLES_IN_ALL = 160  # enough for the conformance runs' few epochs of batches of 32
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,18 @@ def survey(root: Path) -> ImageFolder:
     split = (root / "train").is_dir() and (root / "test").is_dir()
     base = root / "train" if split else root
     classes = tuple(sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    unprintable = next((name for name in classes if not name.isprintable()), None)
+    if unprintable is not None:
+        raise UsageError(f"--images {root}: class folder {unprintable!r}: its name holds a control character (a "
+                         "newline, a tab); rename the folder, its name is the class's")
     if len(classes) < 2:
         raise UsageError(f"--images {root}: needs a folder of images for each class (at least 2), found "
                          f"{len(classes)}")
     files = {name: images_in(base / name) for name in classes}
     few = next((name for name in classes if len(files[name]) < (1 if split else 2)), None)
+    if few is not None and (base / few).resolve() in (base.resolve(), *base.resolve().parents):
+        raise UsageError(f"--images {root}: class folder {base / few} is a link to {(base / few).resolve()}, "
+                         "which holds the class folders themselves (a loop); make it a folder of that class's images")
     if few is not None:
         raise UsageError(f"--images {root}: class folder {base / few} holds too few images "
                          f"({', '.join(SUFFIXES)}) to train and test on")
@@ -130,15 +143,78 @@ def write_examples(folder: ImageFolder, train: Any, into: Path) -> int:
 
 
 def checked_name(name: str, out: Path) -> Path:
+    """``out/name``, for a new recipe package: one plain package name that hides no module, in a folder."""
     if not name.isidentifier() or keyword.iskeyword(name) or name != name.lower():
         raise UsageError(f"{name!r}: a recipe's name is its package's: lower case letters, digits and _, not "
                          "starting with a digit")
-    if name in sys.stdlib_module_names or name in ("project", "tests", "scripts", "torch", "lightning"):
-        raise UsageError(f"{name!r}: a module of that name exists already; choose another name")
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None:  # the scripts put the template's folder first on sys.path: the package would hide it
+        where = found.origin or next(iter(found.submodule_search_locations or []), "")
+        raise UsageError(f"{name!r}: a module of that name exists already ({where}), and a recipe package of that "
+                         "name would hide it from every script; choose another name")
+    if name in ignored_folders():
+        raise UsageError(f"{name!r}: the template's .gitignore leaves {name}/ out of git, so the recipe would never "
+                         "be committed; choose another name")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a folder")
     package = out / name
-    if package.exists():
+    if package.exists() or package.is_symlink():
         raise UsageError(f"{package}: exists already; choose another name or --out folder")
     return package
+
+
+def ignored_folders() -> set[str]:
+    """The folder names the template's ``.gitignore`` leaves out (``data/``, ``__pycache__/``, ...)."""
+    try:
+        lines = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {line.strip().rstrip("/") for line in lines
+            if line.strip().endswith("/") and not any(c in line for c in "*?[!#")}
+
+
+@contextmanager
+def stops_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler, ``timeout``, a closed terminal) raise, as Ctrl-C does, so that the cleanup
+    of what was written half runs; outside the main thread signals are not this code's to take."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number: int, frame: Any) -> None:
+        raise Terminated(f"stopped by {signal.Signals(number).name}: nothing was written")
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def written_whole(package: Path, write: Callable[[Path], T]) -> T:
+    """``write(folder)`` into a hidden folder beside ``package``, then moved to ``package`` in one rename: stopped
+    at any point (an error, Ctrl-C, SIGTERM), there is no package and no hidden folder left; only a SIGKILL
+    leaves the hidden folder (``.NAME.partial-*``, which nothing imports)."""
+    try:
+        package.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{package.name}.partial-", dir=package.parent))
+    except OSError as err:
+        raise UsageError(f"--out {package.parent}: cannot write there ({err.strerror or err})") from None
+    try:
+        with stops_raise():
+            made = write(staging)
+            try:
+                staging.rename(package)
+            except OSError as err:
+                raise UsageError(f"{package}: cannot be made ({err.strerror or err}); choose another name or "
+                                 "--out folder") from None
+        return made
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -161,16 +237,15 @@ def recipe_from_images(name: str, images: Path, out: Path) -> NewRecipe:
         "mode": "grey" if folder.channels == 1 else "RGB", "stages": folder.stages, "widths": repr(channels),
         "widths_example": ",".join(map(str, channels)), "test_share": TEST_SHARE,
     }
-    package.mkdir(parents=True)
-    try:
-        write_templates(package, {**values, "mean": "(0.5,)", "std": "(0.25,)"})  # measured next
-        train = training_set(package, folder.root)
+
+    def write(into: Path) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+        write_templates(into, {**values, "mean": "(0.5,)", "std": "(0.25,)"})  # measured next
+        train = training_set(into, folder.root)
         mean, std = measured_statistics(folder, train)
-        write_templates(package, {**values, "mean": repr(mean), "std": repr(std)})
-        examples = write_examples(folder, train, package / "examples")
-    except BaseException:
-        shutil.rmtree(package, ignore_errors=True)  # no half-written recipe left behind
-        raise
+        write_templates(into, {**values, "mean": repr(mean), "std": repr(std)})
+        return mean, std, write_examples(folder, train, into / "examples")
+
+    mean, std, examples = written_whole(package, write)
     return NewRecipe(package, folder, mean, std, examples)
 
 
@@ -189,14 +264,17 @@ def recipe_from_package(name: str, source: str, out: Path) -> NewRecipe:
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(f"--from {source}: no such package (give it dotted, as PROJECT_RECIPE names it)")
     original = Path(next(iter(spec.submodule_search_locations)))
-    shutil.copytree(original, package, ignore=shutil.ignore_patterns("__pycache__", "tests"))
-    init = package / "__init__.py"
-    text = init.read_text()
-    renamed, count = re.subn(r"""(\bname\s*=\s*)(["'])[^"']*\2""", rf'\g<1>"{name}"', text, count=1)
-    if not count:
-        shutil.rmtree(package)
-        raise UsageError(f"--from {source}: its __init__.py names no Recipe(name=...) to rename")
-    init.write_text(renamed)
+
+    def write(into: Path) -> None:
+        shutil.copytree(original, into, ignore=shutil.ignore_patterns("__pycache__", "tests"), dirs_exist_ok=True)
+        init = into / "__init__.py"
+        text = init.read_text()
+        renamed, count = re.subn(r"""(\bname\s*=\s*)(["'])[^"']*\2""", rf'\g<1>"{name}"', text, count=1)
+        if not count:
+            raise UsageError(f"--from {source}: its __init__.py names no Recipe(name=...) to rename")
+        init.write_text(renamed)
+
+    written_whole(package, write)
     return NewRecipe(package, None)
 
 

@@ -29,6 +29,28 @@ class Build(enum.Enum):
     CPU_FROM_CPU_INDEX = enum.auto()
     CUDA_FOR_THE_GPU = enum.auto()
     CUDA_FOR_WANT_OF_THE_CPU_INDEX = enum.auto()
+    CUDA_AS_ASKED = enum.auto()  # TORCH_BUILD=cuda, whatever is installed and whatever the machine has
+    CPU_AS_ASKED = enum.auto()  # TORCH_BUILD=cpu
+    CPU_INDEX_UNREACHABLE = enum.auto()  # TORCH_BUILD=cpu, and the CPU index cannot be reached: nothing installed
+
+
+class Wanted(enum.Enum):
+    """``TORCH_BUILD``: ``auto`` (unset: the machine decides), ``cuda`` or ``cpu``."""
+
+    AUTO = "auto"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+def wanted_build(value: str | None) -> Wanted:
+    """``TORCH_BUILD`` as given, or ValueError saying what it may be (a value no one reads would be a lie)."""
+    if value is None or value == "":
+        return Wanted.AUTO
+    try:
+        return Wanted(value)
+    except ValueError:
+        raise ValueError(f"TORCH_BUILD={value!r}: must be one of {', '.join(w.value for w in Wanted)} (or unset)") \
+            from None
 
 
 def pins(constraints_text: str) -> dict[str, str]:
@@ -47,8 +69,21 @@ def public_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def choose(*, installed: str | None, pinned: str, has_nvidia_gpu: bool, cpu_index_reachable: bool) -> Build:
-    if installed is not None and public_version(installed) == pinned:
+def is_cpu_build(version: str) -> bool:
+    return version.endswith("+cpu")
+
+
+def choose(*, installed: str | None, pinned: str, has_nvidia_gpu: bool, cpu_index_reachable: bool,
+           wanted: Wanted = Wanted.AUTO) -> Build:
+    pinned_installed = installed is not None and public_version(installed) == pinned
+    if wanted is Wanted.CUDA:
+        return Build.ALREADY_INSTALLED if pinned_installed and not is_cpu_build(str(installed)) \
+            else Build.CUDA_AS_ASKED
+    if wanted is Wanted.CPU:
+        if pinned_installed and is_cpu_build(str(installed)):
+            return Build.ALREADY_INSTALLED
+        return Build.CPU_AS_ASKED if cpu_index_reachable else Build.CPU_INDEX_UNREACHABLE
+    if pinned_installed:
         return Build.ALREADY_INSTALLED
     if has_nvidia_gpu:
         return Build.CUDA_FOR_THE_GPU
@@ -64,6 +99,11 @@ def described(build: Build, pinned: str, installed: str | None) -> str:
                                   f"from {CPU_INDEX}",
         Build.CUDA_FOR_WANT_OF_THE_CPU_INDEX: f"no NVIDIA GPU here, but {CPU_INDEX} cannot be reached: {cuda}; "
                                               "it runs on a CPU too",
+        Build.CUDA_AS_ASKED: f"TORCH_BUILD=cuda: {cuda}" + (f", in place of {installed}" if installed else ""),
+        Build.CPU_AS_ASKED: f"TORCH_BUILD=cpu: torch {pinned}, its CPU build ({CPU_BUILD_SIZE}), from {CPU_INDEX}"
+                            + (f", in place of {installed}" if installed else ""),
+        Build.CPU_INDEX_UNREACHABLE: f"TORCH_BUILD=cpu, but {CPU_INDEX} cannot be reached: nothing installed; unset "
+                                     "TORCH_BUILD to take the CUDA build from PyPI (it runs on a CPU too)",
     }[build]
 
 
@@ -92,22 +132,45 @@ def parser() -> argparse.ArgumentParser:
     return made
 
 
+def read_pins(path: Path) -> dict[str, str]:
+    """The pins of ``path``, or ValueError saying in one line why they cannot be read."""
+    try:
+        pinned = pins(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    if "torch" not in pinned or "torchvision" not in pinned:
+        raise ValueError(f"{path.name} pins no torch or torchvision version")
+    return pinned
+
+
 def main() -> int:
     args = parser().parse_args()
-    pinned = pins(CONSTRAINTS.read_text())
-    if "torch" not in pinned or "torchvision" not in pinned:
-        print(f"error: {CONSTRAINTS.name} pins no torch or torchvision version", file=sys.stderr)
-        return 1
-    gpu = os.environ.get("TORCH_BUILD") == "cuda" or has_nvidia_gpu()
+    try:
+        pinned = read_pins(CONSTRAINTS)
+        wanted = wanted_build(os.environ.get("TORCH_BUILD"))
+    except ValueError as err:
+        print(f"install_torch.py: error: {err}", file=sys.stderr)
+        return 2
+    gpu = wanted is Wanted.AUTO and has_nvidia_gpu()
     installed = installed_torch()
-    build = choose(installed=installed, pinned=pinned["torch"], has_nvidia_gpu=gpu,
-                   cpu_index_reachable=not gpu and reachable(f"{CPU_INDEX}/torch/"))
+    build = choose(installed=installed, pinned=pinned["torch"], has_nvidia_gpu=gpu, wanted=wanted,
+                   cpu_index_reachable=wanted is not Wanted.CUDA and not gpu and reachable(f"{CPU_INDEX}/torch/"))
     print(f"torch: {described(build, pinned['torch'], installed)}", flush=True)
-    if build is not Build.CPU_FROM_CPU_INDEX or args.dry_run:
+    if build is Build.CPU_INDEX_UNREACHABLE:
+        return 1
+    if args.dry_run or build not in (Build.CPU_FROM_CPU_INDEX, Build.CPU_AS_ASKED, Build.CUDA_AS_ASKED):
         return 0
-    # --no-deps: their dependencies come from PyPI with the other pins, in the next step.
-    wanted = [f"torch=={pinned['torch']}+cpu", f"torchvision=={pinned['torchvision']}+cpu"]
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--index-url", CPU_INDEX, *wanted]
+    # --no-deps: their dependencies come from PyPI with the other pins, in the next step. A build of the pinned
+    # version already there satisfies pip: the other build replaces it only when forced.
+    replace = ["--force-reinstall"] if installed is not None else []
+    if build is Build.CUDA_AS_ASKED:
+        command = [sys.executable, "-m", "pip", "install", "--no-deps", *replace, f"torch=={pinned['torch']}",
+                   f"torchvision=={pinned['torchvision']}"]
+    else:
+        command = [sys.executable, "-m", "pip", "install", "--no-deps", *replace, "--index-url", CPU_INDEX,
+                   f"torch=={pinned['torch']}+cpu", f"torchvision=={pinned['torchvision']}+cpu"]
     return subprocess.call(command)
 
 

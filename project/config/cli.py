@@ -31,7 +31,7 @@ from project.config.validators import (
     size_or_share,
 )
 from project.contract import Recipe
-from project.errors import UsageError
+from project.errors import UsageError, hide_credentials_of, redact, terminal_safe
 
 GROUPS = ("hardware", "recipe", "model", "data", "run")
 EPILOG = """\
@@ -43,10 +43,18 @@ Any other lightning.Trainer argument, as with LightningCLI:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line, like the rest of the template's."""
+    """An ``ArgumentParser`` whose errors are one line, like the rest of the template's, and that remembers each
+    credential it is given (``errors.hide_credentials_of``) before anything can print it."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        for token in sys.argv[1:] if args is None else args:
+            text = str(token)
+            hide_credentials_of(text.partition("=")[2] if text.startswith("--") else text)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {terminal_safe(redact(message))}\n")
 
 
 def argparse_type(check: Callable[[Any], Any]) -> Callable[[str], Any]:
@@ -140,6 +148,8 @@ def parse_run_command(recipe: Recipe, argv: Sequence[str] | None = None) -> tupl
         given = vars(parser.parse_args(rest))
         layers: list[tuple[Mapping[str, Any], str]] = []
         config_file = given.pop("config", None)
+        if config_file is not None and not config_file.strip():
+            raise UsageError("--config: needs a YAML file or a preset's name, got an empty one")
         if config_file:
             layers.append((load_yaml(config_path(config_file, recipe), f"--config {config_file}"),
                            f"--config {config_file}"))

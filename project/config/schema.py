@@ -198,11 +198,26 @@ class RunConfig:
         return self.options[name] if name in self.options else getattr(self, name)
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with ``changes``: engine settings and the recipe's options by name."""
+        """A copy with ``changes``: engine settings, checked as their flags are, and the recipe's options by name
+        (checked where the recipe is known: ``resolve_config``)."""
         options = {name: changes.pop(name) for name in list(changes) if name in self.options}
+        checked: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name == "options" and isinstance(value, Mapping):
+                options = {**value, **options}
+            elif name == "trainer":
+                if not isinstance(value, Mapping):
+                    raise UsageError(f"RunConfig.replace(trainer=...): expected a mapping of Trainer arguments, got "
+                                     f"{type(value).__name__}")
+                checked[name] = check_trainer_args(dict(value)) if value else {}
+            elif name in ENGINE_SETTINGS:
+                checked[name] = _check(ENGINE_SETTINGS[name], value, f"RunConfig.replace({name}=...)")
+            else:
+                raise UsageError(f"RunConfig.replace({name}=...): no such setting (settings are train.py's flags "
+                                 "by their Python names, e.g. max_epochs, and the recipe's options)")
         if options:
-            changes["options"] = {**self.options, **options}
-        return dataclasses.replace(self, **changes)
+            checked["options"] = {**self.options, **options}
+        return dataclasses.replace(self, **checked)
 
     @property
     def wants_tuner(self) -> bool:
@@ -372,6 +387,10 @@ def _checked_layer(values: Mapping[str, Any], source: str,
         if name in ("trainer", "recipe"):
             continue
         if name not in known:
+            if not source:  # RunConfig.for_recipe's own arguments (the command line's are argparse's to refuse)
+                raise UsageError(f"RunConfig.for_recipe: unknown setting {shown(key)} (settings are train.py's flags "
+                                 f"by their Python names, e.g. max_epochs, and the recipe's options: "
+                                 f"{', '.join(sorted(o for o in known if o not in ENGINE_SETTINGS)) or 'none'})")
             raise UsageError(f"{source}: unknown key {shown(key)} (keys are train.py flag names, e.g. max_epochs)")
         checked[name] = _check(known[name], value, _label(source, str(key)))
     passthrough: dict[str, Any] = {}

@@ -13,6 +13,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from project.contract import folder_name_problem
 from project.errors import UsageError
 
 _SHORT = reprlib.Repr()
@@ -28,7 +29,8 @@ NumberT = TypeVar("NumberT", int, float)
 
 
 def _number(value: Any, kind: type[NumberT]) -> NumberT:
-    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+    typo = isinstance(value, str) and "_" in value  # int() and float() read "1_0" as 10: a typo for 1.0 or 1e0
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)) or typo:
         raise ValueError(f"not a valid {kind.__name__}: {shown(value)}")
     try:
         return kind(value)
@@ -92,12 +94,11 @@ def flag(value: Any) -> bool:
 
 
 def folder_name(value: Any) -> str:
-    """One plain folder name (a run's, under LOGDIR/NAME): no path, no '..', not too long for a file system."""
+    """One plain folder name (a run's, under LOGDIR/NAME), by the contract's one rule for every such name."""
     name = text(value)
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or name.startswith("-"):
-        raise ValueError(f"must be one plain folder name, got {shown(name)}")
-    if len(name.encode()) > 100:
-        raise ValueError(f"must be at most 100 bytes long, got {len(name.encode())}")
+    problem = folder_name_problem(name)
+    if problem:
+        raise ValueError(problem if problem.startswith("must be at most") else f"{problem}, got {shown(name)}")
     return name
 
 
@@ -168,7 +169,10 @@ def size_or_share(value: Any) -> int | float:
         raise ValueError(f"expected a count or a share between 0 and 1, got {shown(value)}") from None
     if 0 < number < 1:
         return number
-    return positive_int(value)
+    try:  # 0, 1.5, 1.0, 1_0: said as the count-or-share it takes, not as an int alone
+        return positive_int(value)
+    except ValueError:
+        raise ValueError(f"expected a count or a share between 0 and 1, got {shown(value)}") from None
 
 
 def devices_spec(value: Any) -> int | list[int] | str:

@@ -98,7 +98,7 @@ def validate_hardware(config: RunConfig) -> None:
         raise UsageError(
             f"--gpu-memory-fraction limits CUDA memory per process; this run uses {accelerator}, which it cannot limit"
         )
-    _validate_strategy(config.strategy)
+    _validate_strategy(config.strategy, expected_world_size(config))
     if config.strategy.startswith("fsdp") and accelerator != "cuda":
         raise UsageError(f"--strategy {config.strategy} shards the model over GPUs; it needs --accelerator gpu")
     if config.num_nodes > 1 and not launched_by_cluster_tool():
@@ -138,7 +138,13 @@ def launched_by_cluster_tool() -> bool:
     )
 
 
-def _validate_strategy(strategy: str) -> None:
+# Lightning strategies that need a package the template does not install, by a word of their names.
+STRATEGY_PACKAGES = {"deepspeed": "deepspeed", "xla": "torch_xla", "tpu": "torch_xla"}
+
+
+def _validate_strategy(strategy: str, world_size: int) -> None:
+    import importlib.util
+
     from lightning.pytorch.strategies import StrategyRegistry
 
     if strategy in ("dp", "dataparallel"):
@@ -151,6 +157,13 @@ def _validate_strategy(strategy: str) -> None:
             f"--strategy {strategy!r} is not a Lightning strategy; common ones: auto, ddp, ddp_spawn, "
             "ddp_find_unused_parameters_false, fsdp (all: lightning.pytorch.strategies.StrategyRegistry)"
         )
+    package = next((needed for word, needed in STRATEGY_PACKAGES.items() if word in strategy), None)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise UsageError(f"--strategy {strategy} needs the {package} package, which is not installed here: "
+                         f"pip install {package}, or choose another strategy")
+    if strategy.startswith("single_") and world_size > 1:
+        raise UsageError(f"--strategy {strategy} trains in one process on one device, and this run asks for "
+                         f"{world_size}: give --devices 1, or drop --strategy")
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -186,7 +186,11 @@ class RunLock:
     def acquire(self, flag: str) -> RunLock:
         import fcntl
 
-        handle = open(self.folder / LOCK, "a+")  # noqa: SIM115 - held until release()
+        try:
+            handle = open(self.folder / LOCK, "a+")  # noqa: SIM115 - held until release()
+        except OSError as err:  # a read-only mount, a folder of another user's
+            raise UsageError(f"{flag}: {self.folder} cannot be written ({err.strerror or err}): a run writes its "
+                             "checkpoints and logs into its folder; copy it somewhere writable first") from None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -12,8 +12,9 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from project import EVAL_BATCH_SIZE
+from project.config.schema import settings_of
 from project.contract import Recipe
-from project.errors import CheckpointError
+from project.errors import CheckpointError, first_line
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
 from project.reliability.run_folder import RunFolder
@@ -63,7 +64,8 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
     path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe.name, "--ckpt")
     state = read_checkpoint(path)
     check_trained_by(state, path, recipe)
-    module = module_class(**state["hyper_parameters"])
+    settings = checked_hyper_parameters(state, path, recipe)
+    module = module_class(**settings)
     try:
         module.load_state_dict(state["state_dict"], strict=True)
     except RuntimeError:
@@ -72,6 +74,41 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
     trained_with = state.get("run_record", {}).get("config", {})
     return Classifier(module.model.eval(), source=str(path), chosen=chosen,
                       precision=trained_with.get("precision", "32-true"), data_dir=trained_with.get("data_dir"))
+
+
+def checked_hyper_parameters(state: dict[str, Any], path: Path, recipe: Recipe) -> dict[str, Any]:
+    """What a checkpoint says of its model, checked as the flags it stands for are (a file can say anything), and
+    then against its own weights, on the meta device: settings that would build a model of another size are
+    refused before a byte of it is allocated."""
+    saved = state["hyper_parameters"]
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: its hyper_parameters are a {type(saved).__name__}, not settings by name")
+    known = settings_of(recipe)
+    settings = {}
+    for name, value in saved.items():
+        if name not in known:
+            settings[name] = value  # the module's own (num_classes, ...): its constructor says what it takes
+            continue
+        try:
+            settings[name] = known[name].check(value)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: its hyper_parameters' {name} {value!r}: {err}") from None
+    module_class = recipe.module_class()
+    try:
+        with torch.device("meta"):
+            shapes = {key: tuple(tensor.shape) for key, tensor in module_class(**settings).state_dict().items()}
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: its hyper_parameters do not build this recipe's {module_class.__name__} "
+                              f"({first_line(err)})") from None
+    weights = state["state_dict"]
+    wrong = next((key for key, shape in shapes.items() if key in weights and tuple(weights[key].shape) != shape), None)
+    if wrong is not None or set(shapes) != set(weights):
+        options = ", ".join(f"{name} {settings[name]!r}" for name in recipe.options if name in settings)
+        raise CheckpointError(f"{path}: its hyper_parameters ({options or 'its settings'}) build a "
+                              f"{module_class.__name__} its weights do not fit"
+                              + (f" ({wrong}: {shapes[wrong]} here, {tuple(weights[wrong].shape)} saved)"
+                                 if wrong else ""))
+    return settings
 
 
 def test_data_dir(classifier: Classifier, given: str | None) -> str | None:

@@ -168,7 +168,10 @@ def prepare(recipe: Recipe, args: argparse.Namespace) -> tuple[optuna.Study, opt
     quiet()
     folder = Path(args.logdir) / "sweeps" / args.study_name
     if "://" not in args.storage and Path(args.storage).parent == folder.parent:  # the default journal's folder
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"--logdir {args.logdir}: cannot write there ({err.strerror or err})") from None
     given = {key: value for key in TRIAL_FLAGS if (value := getattr(args, key)) is not None}  # a flag over `fixed`
     base = {**given, "logdir": str(folder), "name": "trials", "trainer": {"enable_progress_bar": False}}
     objective = Objective(recipe, fixed, params, base, folder)

@@ -19,7 +19,7 @@ import torch
 
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
-from project.hardware.devices import expected_world_size, resolve_accelerator
+from project.hardware.devices import OVERSUBSCRIBED, expected_world_size, resolve_accelerator
 from project.reliability.cluster import die_with_parent
 
 SWEEP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sweep.py"
@@ -81,6 +81,9 @@ def plan_workers(requested: int | str, config: RunConfig, params: dict[str, dict
         return [Worker(gpus=tuple(gpus[i * per_trial:(i + 1) * per_trial])) for i in range(count)]
     count = 1 if requested == "auto" else int(requested)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if count > OVERSUBSCRIBED * len(cores):  # as --devices N on CPU: past this, workers take turns more than train
+        raise UsageError(f"--workers {count}: {count} trials at once on {len(cores)} CPU core(s) would take turns "
+                         f"more than they train; use at most {OVERSUBSCRIBED * len(cores)}")
     if count > len(cores):
         return [Worker() for _ in range(count)]  # more workers than cores: let the kernel share them out
     share = len(cores) // count

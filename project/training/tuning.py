@@ -13,6 +13,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from project.config.schema import RunConfig
+from project.config.validators import learning_rate
 from project.errors import UsageError
 from project.reliability.run_folder import run_dir
 from project.training.build import global_batch
@@ -64,6 +65,15 @@ class LrScaling:
         return self.given * self.batch / self.base_batch
 
 
+def checked_scaled_lr(scaling: LrScaling) -> float:
+    """The LR as trained passes the check ``--lr`` passes: a scaled one must fit a float32 too."""
+    try:
+        return learning_rate(scaling.lr)
+    except ValueError as err:
+        raise UsageError(f"--lr {scaling.given:g} x {scaling.batch}/{scaling.base_batch} (the linear scaling rule) = "
+                         f"{scaling.lr:g}: {err}; give a smaller --lr, or --no-scale-lr") from None
+
+
 def scales_lr(config: RunConfig, world_size: int) -> bool:
     return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)
 
@@ -102,6 +112,7 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
     if not config.find_lr and scales_lr(config, trainer.world_size):
         scaling = LrScaling(config.lr, global_batch(trainer, datamodule.batch_size), base_batch,
                             auto=config.scale_lr == "auto")
+        checked_scaled_lr(scaling)
         model.hparams.lr = scaling.lr
         rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams.lr:g}")
     return Tuning(datamodule.batch_size, model.hparams.lr, scaling)
