@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import keyword
 import math
+import os
 import re
 import shutil
 import signal
@@ -202,6 +203,9 @@ def written_whole(package: Path, write: Callable[[Path], T]) -> T:
     try:
         package.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{package.name}.partial-", dir=package.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # a folder as mkdir makes it, not mkdtemp's owner-only one
     except OSError as err:
         raise UsageError(f"--out {package.parent}: cannot write there ({err.strerror or err})") from None
     try:

@@ -91,6 +91,9 @@ def test_a_scaffold_stopped_by_sigterm_at_any_point_leaves_nothing(images, tmp_p
     assert signal.getsignal(signal.SIGTERM) is handler  # the caller's handler again
     made = scaffold.recipe_from_images("stopped", images, tmp_path)  # the next try is not refused
     assert sorted(p.name for p in made.package.iterdir()) == ["__init__.py", "data.py", "examples", "model.py"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert made.package.stat().st_mode & 0o777 == 0o777 & ~umask  # readable as any folder mkdir makes
     assert "mean = (0.5,)" not in (made.package / "data.py").read_text()  # the placeholder never left behind
 
 
