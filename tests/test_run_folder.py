@@ -439,3 +439,27 @@ def test_the_tensorboard_logger_alone_keeps_the_settings_in_hparams_yaml(tmp_pat
     events.Reload()
     assert [event.step for event in events.Tensors("run/command/text_summary")] == [0]
     assert [event.step for event in events.Tensors("run/config/text_summary")] == [0]
+
+
+@pytest.mark.parametrize("recipe", ["tests.tiny_recipe", "project.recipe"])
+def test_runs_py_lists_runs_without_importing_torch_or_lightning(tmp_path, recipe):
+    """A light command: a fresh interpreter runs runs.py's own __main__ on a folder of runs, then says what it
+    imported."""
+    import subprocess
+    import sys
+
+    from helpers import HANG_S, ROOT
+
+    for number in range(3):
+        run(tmp_path / "tiny", f"version_{number}", finished(100.0 + number), results={"test/acc": 0.5}, last=True,
+            best="best-acc0.50.ckpt")
+    code = ("import runpy, sys\n"
+            "sys.argv = ['runs.py', '--logdir', sys.argv[1], '--name', 'tiny']\n"
+            "try:\n    runpy.run_path('scripts/runs.py', run_name='__main__')\n"
+            "except SystemExit as end:\n    assert not end.code, end.code\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'torchmetrics', 'numpy') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=HANG_S, env={**os.environ, "PROJECT_RECIPE": recipe})
+    assert done.returncode == 0, done.stderr
+    *rows, imported = done.stdout.splitlines()
+    assert imported == "[]" and len(rows) == 4 and rows[1].startswith(str(tmp_path / "tiny" / "version_2"))

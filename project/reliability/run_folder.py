@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
-
-from project import internals
 from project.config.schema import RunConfig
 from project.config.validators import changes_the_default
 from project.errors import UsageError, first_line, not_a_regular_file, one_field, redact, redact_values
+
+if TYPE_CHECKING:  # runs.py lists run folders without importing torch or Lightning
+    import lightning as L
 
 RUN_RECORD = "run.json"
 RESULTS = "results.json"
@@ -422,7 +422,7 @@ def claim_run_folder(config: RunConfig, resuming: bool = False, recipe: str | No
     already (``continue_in_its_folder``). Its name (None: ``--fast-dev-run`` makes no folder)."""
     if config.fast_dev_run:
         return None
-    if not internals.is_rank_zero():
+    if not is_rank_zero():
         return os.environ.get(RUN_VERSION_ENV, config.run_version)
     parent = Path(config.logdir) / config.name
     existed = False
@@ -582,7 +582,7 @@ class RunFolder:
         existed = config.run_version is not None and named.exists()
         try:
             version = claim_run_folder(config, resuming=resuming, recipe=recipe)
-            writes = internals.is_rank_zero() and not config.fast_dev_run
+            writes = is_rank_zero() and not config.fast_dev_run
             folder = cls(Path(config.logdir) / config.name / str(version)) if writes else None
             try:
                 yield folder, version
@@ -641,7 +641,7 @@ class RunFolder:
                              "other; give each its own path")
         _check_writable_dir(Path(config.logdir), "--logdir")
         named = Path(config.logdir) / config.name / (config.run_version or "")
-        if config.run_version and named.exists() and internals.is_rank_zero() and not config.resume:
+        if config.run_version and named.exists() and is_rank_zero() and not config.resume:
             raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
                              "choose another (or continue it with --resume)")
         exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
@@ -754,3 +754,10 @@ class RunFolder:
         """``best`` / ``last``: that checkpoint of the newest run that has one (damaged and smoke runs passed over,
         and said); anything else is a path."""
         return checkpoint_of(spec, logdir, name, flag)
+
+
+def is_rank_zero() -> bool:
+    """Rank zero writes a run's files; imported when asked (reading run folders needs no torch)."""
+    from project import internals
+
+    return internals.is_rank_zero()
