@@ -540,8 +540,7 @@ MUTANTS = (
            ("tests/test_every_door.py::test_more_sweep_workers_than_the_cores_can_share_is_one_line",)),
     Mutant('runs-py-imports-lightning', "runs.py lists run folders without importing torch or Lightning",
            'project/reliability/run_folder.py',
-           'if TYPE_CHECKING:  # runs.py lists run folders without importing torch or Lightning\n    import lightning as L\n',
-           'import lightning as L\n',
+           'torch or Lightning\n    import lightning as L\n', 'torch or Lightning\n    pass\nimport lightning as L\n',
            ("tests/test_run_folder.py::test_runs_py_lists_runs_without_importing_torch_or_lightning",)),
 )
 
