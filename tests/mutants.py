@@ -550,7 +550,8 @@ def copy_template(destination: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for folder in ("project", "scripts", "slurm", "tests"):  # slurm/: the SLURM tests submit its script
         shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
-    for file in ("pyproject.toml", "constraints.txt", "Makefile"):  # read by the tests of installing
+    for file in ("pyproject.toml", "constraints.txt", "Makefile", ".gitignore"):  # read by the tests of installing,
+        # and the .gitignore by the new recipe's name check
         shutil.copy(ROOT / file, destination / file)
     return destination
 
