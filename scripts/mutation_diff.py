@@ -127,7 +127,7 @@ def mutmut_config(pyproject: str, changed: list[Changed], tests: list[str]) -> s
     section = (
         "[tool.mutmut]\n"
         'source_paths = ["project/"]\n'
-        'also_copy = ["scripts/", "tests/", ".gitignore"]\n'
+        'also_copy = ["scripts/", "tests/", ".gitignore", "constraints.txt"]\n'
         f"only_mutate = {json.dumps([c.path for c in changed if c.functions])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps([*tests, *options])}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q"]\n'
