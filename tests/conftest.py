@@ -83,6 +83,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True)
+def credentials_of_this_test_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The credentials a script's parser was given are masked in all its process prints after (errors.redact): in
+    the tests' one process, each test starts with none, so that one test's password masks nothing in another's."""
+    from project import errors
+
+    monkeypatch.setattr(errors, "_GIVEN", {})
+
+
 @pytest.fixture
 def tiny_data(tmp_path: Path) -> Path:
     return make_tiny_data(tmp_path / "data")
