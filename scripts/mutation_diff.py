@@ -187,7 +187,9 @@ def main() -> int:
         ran = subprocess.run([mutmut, "run", "--max-children", str(args.max_children), *names], cwd=template,
                              capture_output=True, text=True, check=False)
         if ran.returncode != 0:  # e.g. a test that fails without any mutant: mutmut checks none
-            print((ran.stdout + ran.stderr).rstrip()[-3000:])
+            output = ran.stdout + ran.stderr
+            failure = output.find("= FAILURES =")  # the failing test's own report, before pytest's warnings
+            print(output[failure:failure + 6000] if failure != -1 else output.rstrip()[-3000:])
             print(f"mutmut failed (exit code {ran.returncode}): no score")
             return 2
         statuses = statuses_in(template, changed)

@@ -92,6 +92,18 @@ def credentials_of_this_test_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(errors, "_GIVEN", {})
 
 
+@pytest.fixture(autouse=True)
+def lightning_keeps_its_level() -> Iterator[None]:
+    """A sweep's prepare() quiets Lightning for its whole process: in the tests' one process, the tests after one
+    that swept must still hear Lightning (whatever order pytest, xdist or mutmut runs them in)."""
+    import logging
+
+    loggers = {name: logging.getLogger(name).level for name in ("lightning.pytorch", "lightning.fabric")}
+    yield
+    for name, level in loggers.items():
+        logging.getLogger(name).setLevel(level)  # setLevel, which also clears the loggers' caches
+
+
 @pytest.fixture
 def tiny_data(tmp_path: Path) -> Path:
     return make_tiny_data(tmp_path / "data")

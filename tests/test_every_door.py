@@ -26,17 +26,6 @@ from project.contract import Recipe, RecipeError, load_recipe
 from project.errors import CheckpointError, Terminated, UsageError, hide_credentials_of, redact, run_cli
 
 
-@pytest.fixture(autouse=True)
-def lightning_keeps_its_level():
-    """A sweep's prepare() quiets Lightning for the whole process: the tests after these must still hear it."""
-    import logging
-
-    loggers = {name: logging.getLogger(name).level for name in ("lightning.pytorch", "lightning.fabric")}
-    yield
-    for name, level in loggers.items():
-        logging.getLogger(name).setLevel(level)  # (setLevel, which also clears the loggers' caches)
-
-
 # ---------------------------------------------------------------- 1, 2: the scaffold's names and its writing
 
 @pytest.fixture(scope="module")
