@@ -25,7 +25,6 @@ from project.config.schema import RunConfig
 from project.contract import Recipe, RecipeError, load_recipe
 from project.errors import CheckpointError, Terminated, UsageError, hide_credentials_of, redact, run_cli
 
-
 # ---------------------------------------------------------------- 1, 2: the scaffold's names and its writing
 
 @pytest.fixture(scope="module")
