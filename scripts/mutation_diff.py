@@ -2,8 +2,8 @@
 """mutmut over the functions changed since a commit, with the test files that reach them: the new code's score.
 
 Finds the engine's functions and methods whose lines differ from BASE (committed or not), runs mutmut on them alone
-in a copy of the template, with the test files (changed, or in mutmut's selection) that import a changed module,
-and prints the score and each survivor's diff. Lines changed outside any function (module constants) are
+in a copy of the template, with the test files of tests/ that import a changed module (their fast tests), and
+prints the score and each survivor's diff. Lines changed outside any function (module constants) are
 listed: mutmut does not mutate them. Needs mutmut (`make mutation-diff` installs it); see docs/tests.md.
 """
 
@@ -94,12 +94,14 @@ def changes_since(base: str, root: Path = ROOT) -> list[Changed]:
 
 
 def test_files_for(changed: list[Changed], base: str, selection: list[str], root: Path = ROOT) -> list[str]:
-    """The test files, changed since ``base`` or in mutmut's selection, that import a changed module."""
+    """The test files that import a changed module: those changed since ``base``, those of mutmut's selection and
+    any other of ``tests/`` (a function's success path may be tested only outside the selection)."""
     diff = subprocess.run(["git", "diff", "--name-only", base, "--", "tests/"], cwd=root, capture_output=True,
                           text=True, check=True).stdout.split()
     new = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "tests/"], cwd=root,
                          capture_output=True, text=True, check=True).stdout.split()
-    candidates = {path for path in (*diff, *new, *selection)
+    every = [str(path.relative_to(root)) for path in sorted((root / "tests").glob("test_*.py"))]
+    candidates = {path for path in (*diff, *new, *selection, *every)
                   if re.fullmatch(r"tests/test_\w+\.py", path) and (root / path).is_file()}
     modules = [c.module for c in changed if c.functions]
     return sorted(path for path in candidates

@@ -60,6 +60,7 @@ def repo(tmp_path):
     (root / "tests" / "test_mod.py").write_text("from project.pkg.mod import kept\n")
     (root / "tests" / "test_other.py").write_text("import json\n")
     (root / "tests" / "test_from.py").write_text("from project.pkg import mod\n")
+    (root / "tests" / "test_outside.py").write_text("import project.pkg.mod\n")  # in no selection, not changed
     git(root, "init", "-q")
     git(root, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
     git(root, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
@@ -96,11 +97,11 @@ def test_a_decorated_function_counts_from_its_decorator():
     assert diff.functions_touched(source, {2, 10}) == (("x_g",), (2,))
 
 
-def test_the_tests_are_the_changed_and_selected_files_that_import_a_changed_module(repo):
+def test_the_tests_are_the_files_that_import_a_changed_module(repo):
     changed = diff.changes_since("HEAD", repo)
     selection = ["tests/test_mod.py", "tests/test_other.py", "tests/test_from.py"]
     assert diff.test_files_for(changed, "HEAD", selection, repo) == [
-        "tests/test_from.py", "tests/test_mod.py", "tests/test_new.py"]
+        "tests/test_from.py", "tests/test_mod.py", "tests/test_new.py", "tests/test_outside.py"]
 
 
 def test_mutmuts_config_mutates_the_changed_modules_alone_with_those_tests():
