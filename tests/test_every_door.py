@@ -12,6 +12,7 @@ import signal
 import string
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_new_recipe_py_killed_by_sigterm_mid_write_leaves_no_package_or_a_whole_
                             text=True)
     try:
         while proc.poll() is None and not list(out.glob(".late.partial-*/*.py")):
-            pass  # a busy wait: the staging folder's first file is the moment to stop it
+            time.sleep(0.005)  # the staging folder's first file is the moment to stop it
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=HANG_S)
     finally:
