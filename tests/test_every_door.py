@@ -186,6 +186,16 @@ def test_the_apis_arguments_are_checked_naming_the_argument(recipe, call, said):
     assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
 
 
+def test_paths_may_be_pathlib_paths_and_a_long_value_is_said_cut(recipe, tmp_path):
+    with pytest.raises(CheckpointError) as missing:  # a Path is taken as its text: the checkpoint is looked for
+        api.evaluate(recipe, ckpt=tmp_path / "missing.ckpt")
+    assert str(tmp_path / "missing.ckpt") in str(missing.value)
+    with pytest.raises(UsageError) as refused:
+        api.predict(recipe, ["a.png"], ckpt=["x" * 100])
+    assert str(refused.value) == ("predict(ckpt=...): expected a path (str or pathlib.Path), got list "
+                                  f"{repr(['x' * 100])[:57]}...")
+
+
 def test_a_recipe_whose_module_names_no_class_is_one_line():
     made = Recipe(name="odd", module="os:path", datamodule="os:sep", description="", data_help="")
     with pytest.raises(RecipeError) as refused:
