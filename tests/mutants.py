@@ -542,6 +542,36 @@ MUTANTS = (
            'project/reliability/run_folder.py',
            'torch or Lightning\n    import lightning as L\n', 'torch or Lightning\n    pass\nimport lightning as L\n',
            ("tests/test_run_folder.py::test_runs_py_lists_runs_without_importing_torch_or_lightning",)),
+    Mutant('repeat-ratio-against-the-first-repeat', "each repeat's ratio is to the reference of that repeat",
+           'project/benchmark/runner.py',
+           'this_repeat: dict[str, dict[str, Any]]) -> dict[str, Any]:\n    """One row',
+           'this_repeat: dict[str, dict[str, Any]]) -> dict[str, Any]:\n    this_repeat = {}\n    """One row',
+           ("tests/test_benchmark.py::test_each_repeat_is_measured_against_its_own_references_and_summarised_by_"
+            "medians_and_ranges",)),
+    Mutant('repeat-range-of-one', "a ratio's range spans every repeat",
+           'project/benchmark/runner.py', 'row[f"{name}_range"] = [min(ratios), max(ratios)]',
+           'row[f"{name}_range"] = [ratios[0], ratios[-1]]',
+           ("tests/test_benchmark.py::test_each_repeat_is_measured_against_its_own_references_and_summarised_by_"
+            "medians_and_ranges",)),
+    Mutant('repeats-not-interleaved', "repeats interleave the rows: a noisy minute lands on every row alike",
+           'project/benchmark/runner.py',
+           '    for repeat in range(args.repeat):  # interleaved: a noisy minute lands on every row alike\n'
+           '        if args.repeat > 1:\n            print(f"| repeat {repeat + 1} of {args.repeat} |", flush=True)\n'
+           '        for key in wanted:\n',
+           '    for key in wanted:\n      for repeat in range(args.repeat):\n        if args.repeat > 1:\n'
+           '            print(f"| repeat {repeat + 1} of {args.repeat} |", flush=True)\n        if True:\n',
+           ("tests/test_benchmark.py::test_repeats_run_the_rows_interleaved_and_report_medians_with_ranges",)),
+    Mutant('ddp-row-against-one-process', "a DDP row is compared with bare Lightning DDP only",
+           'project/benchmark/runner.py', 'alike = (key in ddp.ROWS) == (reference in ddp.ROWS)', 'alike = True',
+           ("tests/test_benchmark.py::test_a_ddp_row_is_compared_with_bare_ddp_only_per_step_of_a_rank",)),
+    Mutant('ddp-steps-of-both-ranks', "a DDP row's time per step is per step of a rank",
+           'project/benchmark/ddp.py', 'return math.ceil(math.ceil(samples / PROCESSES) / batch_size)',
+           'return math.ceil(samples / batch_size)',
+           ("tests/test_benchmark.py::test_the_ddp_rows_train_two_processes_and_compare_the_template_with_bare_ddp",)),
+    Mutant('ddp-failure-torchruns-words', "a DDP row that fails says its rank's own reason in one line",
+           'project/benchmark/ddp.py', 'reason = reasons[0].read_text() if reasons else',
+           'reason = None if reasons else',
+           ("tests/test_benchmark.py::test_a_ddp_row_that_fails_is_one_line_with_the_ranks_own_reason",)),
 )
 
 

@@ -145,4 +145,106 @@ def test_a_misspelt_row_is_one_line_naming_the_rows_compile_included(tmp_path):
                       str(tmp_path / "bench"), env=CNN)
     assert done.returncode == 2
     message = one_line_error(done.stderr, "benchmark.py")
-    assert "error: --only template-compiled: choose from hand, " in message and message.endswith("template-compile")
+    assert "error: --only template-compiled: choose from hand, " in message and message.endswith("template-compile, bare-ddp, template-ddp")
+
+
+def _one_repeat(key: str, step_us: float, steps: int = 10) -> dict:
+    return {"epoch_times": [step_us * steps / 1e6], "wait_times": [0.0], "warm_up_s": 1.0, "test_acc": 0.5,
+            **({"steps_per_epoch": steps} if key.endswith("-ddp") else {})}
+
+
+def test_each_repeat_is_measured_against_its_own_references_and_summarised_by_medians_and_ranges():
+    from project.benchmark.runner import _measured_row, _summary
+
+    results = {"steps_per_epoch": 10, "train_samples": 640}
+    repeats = []
+    for hand, bare, template in [(1000, 2000, 2400), (1500, 2100, 3000), (1000, 1800, 1900)]:
+        this: dict = {}
+        for key, us in (("hand", hand), ("bare", bare), ("template-k1", template)):
+            this[key] = _measured_row(key, _one_repeat(key, us), results, this)
+        repeats.append(this)
+    rows = {key: _summary([r[key] for r in repeats]) for key in ("hand", "bare", "template-k1")}
+    template = rows["template-k1"]
+    # Per repeat: 2.4, 2.0, 1.9 against the hand loop; 1.2, 1.43, 1.06 against bare Lightning.
+    assert template["vs_hand"] == pytest.approx(2.0) and template["vs_hand_range"] == pytest.approx([1.9, 2.4])
+    assert template["vs_bare"] == pytest.approx(1.2)
+    assert template["vs_bare_range"] == pytest.approx([1900 / 1800, 3000 / 2100])
+    assert template["step_us"] == pytest.approx(2400) and template["epoch_s"] == pytest.approx(0.024)
+    assert [r["step_us"] for r in template["repeats"]] == pytest.approx([2400, 3000, 1900])
+    assert rows["hand"]["vs_hand"] == 1.0 and rows["hand"]["vs_hand_range"] == [1.0, 1.0]
+    assert rows["bare"]["vs_hand"] == pytest.approx(1.8)  # 2.0, 1.4, 1.8
+    single = _summary([repeats[0]["template-k1"]])
+    assert single is repeats[0]["template-k1"] and "vs_hand_range" not in single  # one run: no range to show
+
+
+def test_a_ddp_row_is_compared_with_bare_ddp_only_per_step_of_a_rank():
+    from project.benchmark.runner import _measured_row
+
+    results = {"steps_per_epoch": 10, "train_samples": 640}
+    this: dict = {}
+    for key, us in (("hand", 1000), ("bare", 2000), ("bare-ddp", 8000), ("template-ddp", 9000)):
+        this[key] = _measured_row(key, _one_repeat(key, us, steps=5 if key.endswith("-ddp") else 10), results, this)
+    assert this["template-ddp"]["vs_bare_ddp"] == pytest.approx(9 / 8)
+    assert this["template-ddp"]["step_us"] == pytest.approx(9000)  # epoch time over a rank's 5 steps
+    assert this["template-ddp"]["vs_hand"] is None and this["template-ddp"]["vs_bare"] is None
+    assert this["bare"]["vs_bare_ddp"] is None and this["bare-ddp"]["vs_bare_ddp"] == 1.0
+
+
+@pytest.mark.slow
+def test_repeats_run_the_rows_interleaved_and_report_medians_with_ranges(tmp_path):
+    data = make_tiny_data(tmp_path / "data", n_train=5300, n_test=40)
+    out = tmp_path / "bench"
+    done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--repeat", "2", "--only",
+                      "template-k1,hand,bare", "--data-dir", str(data), "--out", str(out), timeout=HANG_S)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "benchmark.json").read_text())
+    assert result["repeats"] == 2 and [r["key"] for r in result["rows"]] == ["hand", "bare", "template-k1"]
+    for row in result["rows"]:
+        ratios = [r["vs_hand"] for r in row["repeats"]]
+        assert len(ratios) == 2 and row["vs_hand_range"] == [min(ratios), max(ratios)]
+        assert row["vs_hand"] == pytest.approx(sum(ratios) / 2)
+        assert row["step_us"] == pytest.approx(sum(r["step_us"] for r in row["repeats"]) / 2)
+    template = result["rows"][2]
+    bare = [r["step_us"] for r in result["rows"][1]["repeats"]]
+    assert [r["vs_bare"] for r in template["repeats"]] == pytest.approx(
+        [t["step_us"] / b for t, b in zip(template["repeats"], bare, strict=True)])
+    lines = [line.split(" | ")[0].removeprefix("| ") for line in done.stdout.splitlines() if line.startswith("| ")]
+    names = [row["implementation"] for row in result["rows"]]
+    assert lines[1:] == ["repeat 1 of 2 |", *names, "repeat 2 of 2 |", *names, "implementation", *names]
+    assert "over the 2 repeats:" in done.stdout and "interleaved" in (out / "benchmark.md").read_text()
+    low, high = template["vs_bare_range"]
+    assert f"{template['vs_bare']:.2f}x ({low:.2f}-{high:.2f})" in (out / "benchmark.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_ddp_rows_train_two_processes_and_compare_the_template_with_bare_ddp(tmp_path):
+    data = make_tiny_data(tmp_path / "data", n_train=5300, n_test=40)
+    out = tmp_path / "bench"
+    done = run_script("benchmark.py", "--epochs", "1", "--limit", "256", "--accelerator", "cpu", "--only",
+                      "template-ddp,bare-ddp", "--data-dir", str(data), "--out", str(out), timeout=HANG_S)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "benchmark.json").read_text())
+    bare, template = result["rows"]
+    assert (bare["key"], template["key"]) == ("bare-ddp", "template-ddp")
+    assert bare["processes"] == template["processes"] == 2
+    assert bare["steps_per_epoch"] == template["steps_per_epoch"] == 2  # 128 samples a rank, batches of 64
+    assert template["steps_per_call"] == 1 and all(0 <= r["test_acc"] <= 1 for r in (bare, template))
+    assert template["vs_bare_ddp"] == pytest.approx(template["step_us"] / bare["step_us"])
+    assert template["step_us"] == pytest.approx(template["epoch_s"] / 2 * 1e6)
+    assert template["vs_hand"] is None and "vs bare DDP" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_ddp_row_that_fails_is_one_line_with_the_ranks_own_reason(tmp_path):
+    import argparse
+
+    from project.benchmark import ddp
+    from project.errors import UserError
+
+    args = argparse.Namespace(data_dir=str(tmp_path / "nowhere"), batch_size=64, accelerator="cpu", precision="32",
+                              num_workers=None, val_size=None, limit=None, epochs=1)
+    with pytest.raises(UserError) as caught:
+        ddp.measure("template-ddp", args, ddp.ROOT)
+    message = str(caught.value)
+    assert message.startswith("the template-ddp row failed (exit code 1): ") and "nowhere" in message, message
+    assert "\n" not in message

@@ -400,7 +400,7 @@ def syncs_in(caught: list[warnings.WarningMessage]) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-class _Bare(L.LightningModule):
+class BareModule(L.LightningModule):
     """The least a LightningModule can be: Lightning's own per-step cost, nothing of the template's."""
 
     def __init__(self, network: nn.Module, loss_fn: Callable, optimizer: Callable[[nn.Module], Any]) -> None:
@@ -420,13 +420,17 @@ class _Bare(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def bare_loader(train: TensorPairs, batch_size: int) -> DataLoader:
+    """Shuffled batches of in-memory tensors, one ``index_select`` each (under DDP Lightning shards the sampler)."""
+    return DataLoader(train, batch_size=batch_size, sampler=RandomSampler(train), collate_fn=keep_batch)
+
+
 def bare_lightning(args: argparse.Namespace, device: torch.device, precision: str, data: BenchData) -> dict[str, Any]:
     """A minimal LightningModule on the same in-memory tensors: no callbacks, logger, bar or validation."""
-    train = data.train.to(device)
-    loader = DataLoader(train, batch_size=args.batch_size, sampler=RandomSampler(train), collate_fn=keep_batch)
+    loader = bare_loader(data.train.to(device), args.batch_size)
     total = data.steps(args.epochs + 1, args.batch_size)
     stats, wait = EpochStats(), DataWait()
-    module = _Bare(*data.network(), lambda net: data.optimizer(net, total, device))
+    module = BareModule(*data.network(), lambda net: data.optimizer(net, total, device))
     trainer = L.Trainer(accelerator=device.type, devices=1, precision=precision, max_epochs=args.epochs + 1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[stats, wait], limit_val_batches=0)

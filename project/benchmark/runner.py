@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from project.benchmark import ddp
 from project.benchmark import loops as bench_loops
 from project.contract import Recipe
 from project.errors import UsageError, UserError
@@ -25,6 +27,7 @@ from project.hardware.devices import available_accelerator, resolve_precision
 from project.results.figures import pyplot
 from project.training.callbacks import quiet_lightning_info
 
+ROOT = Path(__file__).resolve().parents[2]  # the template's folder
 ROWS = {  # the references first: every row's ratios are known when it is printed
     "hand": "hand-written tensor loop",
     "hand-graphs": "hand-written loop, CUDA graphs",
@@ -36,11 +39,15 @@ ROWS = {  # the references first: every row's ratios are known when it is printe
     "template-graphs": "template, steps per call auto, CUDA graphs",
     "template-samples": "template, per-sample DataLoader",
     "template-compile": "template, steps per call auto, --compile",
+    "bare-ddp": "bare Lightning DDP, 2 CPU processes (gloo)",
+    "template-ddp": "template DDP, 2 CPU processes (gloo)",
 }
 GPU_ROWS = ("hand-graphs", "template-graphs")  # CUDA graphs: on a GPU only
-OPT_IN_ROWS = ("template-compile",)  # minutes of compiling on a CPU: run only when --only names it
+# Run only when --only names them: minutes of compiling on a CPU; two processes each, launched by torchrun.
+OPT_IN_ROWS = ("template-compile", *ddp.ROWS)
 REFERENCES = {"vs_hand": ("hand", "vs hand-written"), "vs_hand_graphs": ("hand-graphs", "vs hand captured"),
-              "vs_hand_samples": ("hand-samples", "vs hand per-sample")}
+              "vs_hand_samples": ("hand-samples", "vs hand per-sample"), "vs_bare": ("bare", "vs bare Lightning"),
+              "vs_bare_ddp": ("bare-ddp", "vs bare DDP")}
 
 
 def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -61,6 +68,7 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
         "template-graphs": lambda: bench_loops.template(args, data, "auto", cuda_graphs=True),
         "template-samples": lambda: bench_loops.template(args, data, 1, per_sample=True),
         "template-compile": lambda: bench_loops.template(args, data, "auto", compile_mode="default"),
+        **{row: functools.partial(ddp.measure, row, args) for row in ddp.ROWS},
     }
     missing = {}
     if data.per_sample is None:  # the recipe has no per-sample dataset: the rows that need one cannot run
@@ -70,7 +78,9 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
         missing["template-samples"] = "the recipe reads per sample anyway: it is the template rows"
     if device.type != "cuda":
         missing.update(dict.fromkeys(GPU_ROWS, "CUDA graphs need a GPU"))
-    elif precision == "16-mixed" or data.config.optimizer != "sgd":
+    else:
+        missing.update(dict.fromkeys(ddp.ROWS, "2 CPU processes: run them with --accelerator cpu"))
+    if device.type == "cuda" and (precision == "16-mixed" or data.config.optimizer != "sgd"):
         missing["hand-graphs"] = "the hand-written captured loop is plain SGD without a loss scaler"
     wanted = [k for k in ROWS if k not in missing and k not in OPT_IN_ROWS] if args.only == "all" else \
         [k.strip() for k in args.only.split(",") if k.strip()]
@@ -78,32 +88,62 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
     if unknown:
         why = f" ({missing[unknown]})" if unknown in missing else ""
         raise UsageError(f"--only {unknown}: choose from {', '.join(k for k in runners if k not in missing)}{why}")
+    wanted = sorted(dict.fromkeys(wanted), key=list(ROWS).index)  # the references first, each row once
     results = {
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
         "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": recipe.name,
-        "steps_per_epoch": data.steps(1, args.batch_size),
+        "steps_per_epoch": data.steps(1, args.batch_size), "repeats": args.repeat,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "num_workers": data.config.num_workers,
         "references": [name for name, (key, _) in REFERENCES.items() if key in wanted], "rows": [],
     }
     with _writing(out, "make the folder", UsageError):
         out.mkdir(parents=True, exist_ok=True)
     print(_header(results), flush=True)
-    for key in wanted:
-        print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
-        measured = runners[key]()
-        epoch = statistics.median(measured["epoch_times"])
-        row = {"key": key, "implementation": ROWS[key], "epoch_s": epoch,
-               "step_us": epoch / results["steps_per_epoch"] * 1e6, "samples_per_s": len(data.train) / epoch,
-               "data_wait": statistics.median(w / t for w, t in zip(measured["wait_times"], measured["epoch_times"],
-                                                                     strict=True)),
-               **measured}
-        for name, (reference, _) in REFERENCES.items():
-            base = next((r["epoch_s"] for r in [*results["rows"], row] if r["key"] == reference), None)
-            row[name] = epoch / base if base else None
-        results["rows"].append(row)
-        print(_row(row, results), flush=True)
-        _write(results, out)
+    measured: dict[str, list[dict[str, Any]]] = {key: [] for key in wanted}
+    for repeat in range(args.repeat):  # interleaved: a noisy minute lands on every row alike
+        if args.repeat > 1:
+            print(f"| repeat {repeat + 1} of {args.repeat} |", flush=True)
+        for key in wanted:
+            print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
+            row = _measured_row(key, runners[key](), results, {k: rows[-1] for k, rows in measured.items() if rows})
+            measured[key].append(row)
+            print(_row(row, results), flush=True)
+            results["rows"] = [_summary(rows) for rows in measured.values() if rows]
+            _write(results, out)
+    if args.repeat > 1:
+        print(_summary_table(results), flush=True)
     return results
+
+
+def _measured_row(key: str, measured: dict[str, Any], results: dict[str, Any],
+                  this_repeat: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One row of one repeat, its ratios to the references measured in the same repeat."""
+    epoch = statistics.median(measured["epoch_times"])
+    row = {"key": key, "implementation": ROWS[key], "epoch_s": epoch,
+           "step_us": epoch / measured.get("steps_per_epoch", results["steps_per_epoch"]) * 1e6,
+           "samples_per_s": results["train_samples"] / epoch,
+           "data_wait": statistics.median(w / t for w, t in zip(measured["wait_times"], measured["epoch_times"],
+                                                                 strict=True)),
+           **measured}
+    for name, (reference, _) in REFERENCES.items():
+        base = row if reference == key else this_repeat.get(reference)
+        alike = (key in ddp.ROWS) == (reference in ddp.ROWS)  # a DDP step holds an all-reduce: DDP to DDP only
+        row[name] = row["step_us"] / base["step_us"] if base and alike else None
+    return row
+
+
+def _summary(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row over its repeats: the median of each time and ratio, each ratio's range, every repeat kept."""
+    if len(repeats) == 1:
+        return repeats[0]
+    row = {**repeats[-1], "repeats": [{k: r[k] for k in ("epoch_s", "step_us", *REFERENCES)} for r in repeats]}
+    for name in ("epoch_s", "step_us", "samples_per_s", "data_wait", "warm_up_s", "test_acc"):
+        row[name] = statistics.median(r[name] for r in repeats)
+    for name in REFERENCES:
+        ratios = [r[name] for r in repeats if r[name] is not None]
+        row[name] = statistics.median(ratios) if ratios else None
+        row[f"{name}_range"] = [min(ratios), max(ratios)] if ratios else None
+    return row
 
 
 IMPORTS = "import torch, lightning, torchvision, torchmetrics"  # what any script of the kind must import
@@ -113,7 +153,7 @@ def own_import_seconds(env: dict[str, str]) -> tuple[float, float]:
     """Seconds of importing what ``train.py`` runs on, in a fresh interpreter (``python -X importtime``): all of
     it, and the project's own modules' share (their self time; the libraries they import are not theirs)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import project.training.run"], env=env,
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, check=True)
+                          cwd=ROOT, capture_output=True, text=True, check=True)
     total = own = 0
     for line in done.stderr.splitlines():
         fields = line.removeprefix("import time:").split("|")
@@ -160,7 +200,12 @@ def _gpu(results: dict[str, Any]) -> bool:
 def _columns(results: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """The table's columns: a ratio for each reference row measured, host syncs on a GPU."""
     def ratio(name: str) -> Callable[[dict[str, Any]], str]:
-        return lambda r: f"{r[name]:.2f}x" if r.get(name) else "-"
+        def cell(r: dict[str, Any]) -> str:
+            spread = r.get(f"{name}_range")
+            if not r.get(name):
+                return "-"
+            return f"{r[name]:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})" if spread else f"{r[name]:.2f}x"
+        return cell
 
     columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("epoch time (s)", lambda r: f"{r['epoch_s']:.3f}"),
@@ -181,11 +226,13 @@ def _columns(results: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any
 def _header(results: dict[str, Any]) -> str:
     timing = "CUDA events" if _gpu(results) else "the host's clock"
     columns = _columns(results)
+    repeats = results["repeats"]
+    over = f"; every row {repeats} times, interleaved: medians, ratios' ranges in brackets" if repeats > 1 else ""
     return "\n".join([
         f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
         f"{results['train_samples']} samples ({results['steps_per_epoch']} steps) per epoch, "
         f"DataLoader workers {results['num_workers']}; median of {results['timed_epochs']} timed epochs after one "
-        f"warm-up epoch, timed with {timing}",
+        f"warm-up epoch, timed with {timing}{over}",
         "",
         "| implementation | " + " | ".join(name for name, _ in columns) + " |",
         "|---|" + "---:|" * len(columns),
@@ -196,8 +243,16 @@ def _row(r: dict[str, Any], results: dict[str, Any]) -> str:
     return f"| {r['implementation']} | " + " | ".join(cell(r) for _, cell in _columns(results)) + " |"
 
 
+def _table(results: dict[str, Any]) -> str:
+    return "\n".join([_header(results), *(_row(r, results) for r in results["rows"])])
+
+
+def _summary_table(results: dict[str, Any]) -> str:
+    return f"\nover the {results['repeats']} repeats:\n{_table(results)}"
+
+
 def _markdown(results: dict[str, Any]) -> str:
-    lines = [_header(results), *(_row(r, results) for r in results["rows"])]
+    lines = [_table(results)]
     tta = results.get("time_to_accuracy")
     if tta:
         acc = f"{tta['test_acc']:.4f}" if tta["test_acc"] is not None else "n/a"

@@ -270,6 +270,9 @@ def parse_benchmark_args(recipe: Recipe, description: str | None) -> argparse.Na
                              "--example-data, 0.2)")
     parser.add_argument("--num-workers", type=argparse_type(non_negative_int), metavar="N",
                         help="DataLoader workers of the per-sample rows (default: the run's)")
+    parser.add_argument("--repeat", type=count, default=1, metavar="N",
+                        help="run the rows N times, interleaved (hand, bare, template, hand, ...); each row's "
+                             "time and ratios are the medians, the ratios with their range")
     parser.add_argument("--only", default="all", help="rows to run: all (but template-compile), or e.g. "
                         "hand,template-auto,template-compile")
     parser.add_argument("--time-to-accuracy", action="store_true",
