@@ -454,11 +454,29 @@ def test_bare_lightning_writes_no_file_and_draws_nothing(bench, tmp_path, monkey
 
 
 def test_the_data_wait_counts_the_training_batches_fetch_only():
+    from lightning.pytorch.profilers import PassThroughProfiler
+
     from helpers import FakeClock
+
+    class Kept(PassThroughProfiler):  # the run's own profiler: it still sees every action
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def start(self, action_name):
+            self.seen.append(("start", action_name))
+
+        def stop(self, action_name):
+            self.seen.append(("stop", action_name))
 
     time = FakeClock()
     clock = loops.FetchClock(now=time)
-    profiler = loops._FetchProfiler(clock)
+    kept = Kept()
+    profiler = loops._FetchProfiler(clock, kept)
+    with profiler.profile("run_training_batch"):
+        pass
+    assert kept.seen == [("start", "run_training_batch"), ("stop", "run_training_batch")]
+    kept.seen.clear()
     profiler.start("[_TrainingEpochLoop].train_dataloader_next")
     time.advance(0.5)
     profiler.stop("[Callback]on_train_batch_start")  # another action ends meanwhile: not the fetch
@@ -470,6 +488,7 @@ def test_the_data_wait_counts_the_training_batches_fetch_only():
     time.advance(2.0)
     profiler.stop("[_EvaluationLoop].val_next")
     assert clock.seconds == 0.75
+    assert [kind for kind, _ in kept.seen] == ["start", "stop", "stop", "stop", "start", "stop"]
 
 
 @pytest.mark.parametrize(("cuda_graphs", "compile_mode"), [(True, None), (False, "default")])

@@ -10,6 +10,8 @@ import warnings
 import lightning as L
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
@@ -305,3 +307,95 @@ def test_a_sweep_hears_only_lightnings_warnings(lightning_loggers):
         cb.quiet_lightning_info()
     assert logging.getLogger("lightning.pytorch").level == logging.WARNING
     assert logging.getLogger("lightning.fabric").level == logging.WARNING
+
+
+def _recorder(engine: bool, hooks: tuple[str, ...], calls: list, base: type = L.Callback) -> L.Callback:
+    """A callback that records each of ``hooks`` it receives; ``engine``: defined in the engine's packages."""
+    def hook(name):
+        return lambda self, *args, **kwargs: calls.append((self.name, name))
+
+    kind = type("Recorder", (base,), {name: hook(name) for name in hooks})
+    kind.__module__ = "project.training.recorded" if engine else "tests.recorded"
+    callback = kind()
+    callback.name = f"{'engine' if engine else 'user'}-{len(calls)}-{id(callback)}"
+    return callback
+
+
+# Each step hook with the arguments Lightning passes it besides the trainer and the module.
+STEP_HOOKS = {"on_train_batch_start": (None, 0), "on_before_backward": (None,), "on_after_backward": (),
+              "on_train_batch_end": (None, None, 0)}
+
+
+def _dispatch(callbacks: list, hook: str) -> None:
+    """Lightning's own dispatch: the hook of every callback, in order."""
+    for callback in callbacks:
+        getattr(callback, hook)(None, None, *STEP_HOOKS[hook])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sets(st.sampled_from(sorted(STEP_HOOKS)))), max_size=8))
+def test_grouped_callbacks_receive_every_hook_in_the_order_given(shapes):
+    calls: list = []
+    callbacks = [_recorder(engine, tuple(sorted(hooks)), calls) for engine, hooks in shapes]
+    for index, callback in enumerate(callbacks):
+        callback.name = f"c{index}"
+    together = cb.grouped(callbacks)
+    for hook in STEP_HOOKS:
+        _dispatch(callbacks, hook)
+    expected, calls[:] = list(calls), []
+    for hook in STEP_HOOKS:
+        _dispatch(together, hook)
+    assert calls == expected
+    # Each run of adjacent engine callbacks is one group; a user's callback is never in one.
+    flat = [m for c in together for m in (c.members if isinstance(c, cb.CallbackGroup) else (c,))]
+    assert flat == callbacks
+    assert not any(isinstance(a, cb.CallbackGroup) and isinstance(b, cb.CallbackGroup)
+                   for a, b in zip(together, together[1:]))
+    assert all(type(m).__module__.startswith("project.") for g in together if isinstance(g, cb.CallbackGroup)
+               for m in g.members)
+
+
+def test_a_group_calls_only_the_members_that_define_a_hook():
+    calls: list = []
+    quiet, loud = _recorder(True, (), calls), _recorder(True, ("on_train_batch_end",), calls)
+    group = cb.CallbackGroup([quiet, loud])
+    assert "on_before_backward" not in vars(group)  # Callback's own no-op: nothing to call
+    group.on_train_batch_end(None, None, None, None, 0)
+    assert calls == [(loud.name, "on_train_batch_end")]
+
+
+def test_what_lightning_looks_for_or_restores_stays_out_of_a_group():
+    class Stateful(L.Callback):
+        __module__ = "project.training.stateful"
+
+        def state_dict(self):
+            return {"n": 1}
+
+    class First(cb.RunsFirst):
+        __module__ = "project.training.first"
+
+    calls: list = []
+    for callback in (ModelCheckpoint(), Stateful(), First(), _recorder(False, STEP_HOOKS, calls),
+                     _recorder(True, STEP_HOOKS, calls, base=cb.EpochStats)):
+        assert not cb.groupable(callback)
+        with pytest.raises(TypeError, match=f"CallbackGroup: {type(callback).__name__} must stay one of the "):
+            cb.CallbackGroup([callback])
+    assert cb.groupable(cb.EpochStats()) and cb.groupable(cb.FiniteLossGuard())
+
+
+def test_the_templates_callbacks_run_grouped_and_are_found_in_their_group(tmp_path):
+    from helpers import tiny_config
+    from project.training.build import NoProfiler, build_trainer
+
+    config = tiny_config(tmp_path / "data", tmp_path)
+    user = _recorder(False, ("on_train_batch_end",), [])
+    trainer = build_trainer(config, [user])
+    groups = [c for c in trainer.callbacks if isinstance(c, cb.CallbackGroup)]
+    assert groups and user in trainer.callbacks and all(user not in g.members for g in groups)
+    assert cb.find_callback(trainer, cb.EpochStats) in groups[0].members + groups[-1].members
+    assert cb.find_callback(trainer, type(user)) is user and cb.find_callback(trainer, cb.GpuMemoryFraction) is None
+    assert isinstance(trainer.profiler, NoProfiler)
+    with trainer.profiler.profile("run_training_batch") as nothing:
+        assert nothing is None
+    profiled = build_trainer(config.replace(trainer={"profiler": "simple"}))
+    assert type(profiled.profiler).__name__ == "SimpleProfiler"  # --trainer.profiler still profiles

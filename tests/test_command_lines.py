@@ -48,7 +48,7 @@ def test_each_tools_settings_and_defaults(monkeypatch):
     assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None)) == {
         **common, "batch_size": 64, "epochs": 3, "accelerator": "auto", "precision": "32", "data_dir": None,
         "example_data": None, "limit": None, "val_size": None, "num_workers": None, "only": "all",
-        "time_to_accuracy": False, "out": "benchmark-results"}
+        "time_to_accuracy": False, "out": "benchmark-results", "repeat": 1}
     assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None)) == {
         **common, "logdir": "lightning_logs", "name": "tiny"}
     assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None)) == {**common, "json": False, "bench": False}
@@ -80,10 +80,11 @@ def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
         "sampler_seed": 7, "data_dir": "d", "logdir": "lightning_logs", "val_size": 0.25, "accelerator": "cpu"}
     assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None), "--batch-size", "32", "--epochs", "2",
                   "--example-data", "100", "--limit", "50", "--val-size", "10", "--num-workers", "0", "--out", out,
-                  "--precision", "bf16-mixed", "--accelerator", "cpu", "--only", "hand", "--time-to-accuracy") == {
+                  "--precision", "bf16-mixed", "--accelerator", "cpu", "--only", "hand", "--time-to-accuracy",
+                  "--repeat", "5") == {
         "debug": False, "batch_size": 32, "epochs": 2, "accelerator": "cpu", "precision": "bf16-mixed",
         "data_dir": None, "example_data": 100, "limit": 50, "val_size": 10, "num_workers": 0, "only": "hand",
-        "time_to_accuracy": True, "out": out}
+        "time_to_accuracy": True, "out": out, "repeat": 5}
     assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None), "--logdir", "l", "--name", "mine") == {
         "debug": False, "logdir": "l", "name": "mine"}
     assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None), "--json", "--bench") == {
@@ -125,11 +126,13 @@ def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
      "sweep.py: error: argument --study-name: must be one plain folder name, got '..'"),
     (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--out", "/dev/null"],
      "benchmark.py: error: argument --out: '/dev/null': is a file, not a folder"),
+    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--repeat", "0"],
+     "benchmark.py: error: argument --repeat: must be a positive integer, got 0"),
     (lambda: cli.parse_check_gpu_args(None), ["--all"], "check_gpu.py: error: unrecognized arguments: --all"),
     (lambda: cli.parse_engine_size_args(None), ["x"], "engine_size.py: error: unrecognized arguments: x"),
 ], ids=["predict-no-input", "predict-two-sources", "predict-topk", "evaluate-name", "new-recipe-source",
         "sweep-pruner", "sweep-workers", "benchmark-precision", "benchmark-two-datasets", "check-recipe-epochs",
-        "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out",
+        "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out", "benchmark-repeat",
         "check-gpu-flag", "engine-size-argument"])
 def test_a_tools_bad_command_line_is_one_line_and_exit_status_2(monkeypatch, capsys, parse, argv, error):
     monkeypatch.setattr(sys, "argv", ["script.py", *argv])

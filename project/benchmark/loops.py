@@ -20,7 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
@@ -104,17 +104,23 @@ class FetchClock:
 
 
 class _FetchProfiler(PassThroughProfiler):
-    """Lightning's profiler hooks around each fetch of a training batch, kept only for the time it takes."""
+    """Times each fetch of a training batch through Lightning's profiler hooks around it; everything else goes to
+    the run's own profiler (``kept``), so that a row keeps its cost of profiling."""
 
-    def __init__(self, clock: FetchClock) -> None:
+    def __init__(self, clock: FetchClock, kept: Profiler) -> None:
         super().__init__()
-        self.clock, self._began = clock, None
+        self.clock, self.kept, self._began = clock, kept, None
+
+    def profile(self, action_name: str) -> Any:
+        return self.kept.profile(action_name)
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next"):
             self._began = self.clock.now()
+        self.kept.start(action_name)
 
     def stop(self, action_name: str) -> None:
+        self.kept.stop(action_name)
         if action_name.endswith("train_dataloader_next") and self._began is not None:
             self.clock.seconds += self.clock.now() - self._began
             self._began = None
@@ -129,7 +135,7 @@ class DataWait(Callback):
         self._kept: Any = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._kept, trainer.profiler = trainer.profiler, _FetchProfiler(self.clock)
+        self._kept, trainer.profiler = trainer.profiler, _FetchProfiler(self.clock, trainer.profiler)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.seconds = 0.0

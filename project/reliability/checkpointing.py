@@ -85,6 +85,7 @@ class LastCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_train_steps: int | None = None) -> None:
         super().__init__(filename="last", save_top_k=1, enable_version_counter=False, save_on_exception=True,
                          every_n_train_steps=every_n_train_steps)
+        self.refresh_every_n_steps = every_n_train_steps
         self._started_at: int | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -95,7 +96,7 @@ class LastCheckpoint(ModelCheckpoint):
                            batch_idx: int) -> None:
         # Not where a validation follows: resumed from there, Lightning would skip that validation.
         # The save after it (at the epoch's end) holds the same step, validated.
-        if not validation_due(trainer):
+        if self.refresh_every_n_steps and not validation_due(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import re
@@ -18,6 +19,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_only
 
 from project.config.schema import LOGGERS, RunConfig
@@ -36,6 +38,7 @@ from project.training.callbacks import (
     LoggedLossBar,
     QuietWarnings,
     ScheduleResumeCheck,
+    grouped,
 )
 from project.training.classifier import ClassifierModule
 from project.training.steps_per_call import AutoStepsPerCall, SharedStepCount, Stepper, StepProgressBar
@@ -202,6 +205,16 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     return callbacks
 
 
+class NoProfiler(PassThroughProfiler):
+    """Lightning's default profiler, which profiles nothing, without a generator context manager around each of the
+    ~180 hook calls of a training step (about 1.2 µs each). ``--trainer.profiler simple`` still profiles."""
+
+    _NOTHING = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> Any:
+        return self._NOTHING
+
+
 def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), steps_per_epoch: int | None = None,
                   version: str | None = None) -> L.Trainer:
     """The Trainer for ``config`` (its precision already resolved), plus any extra callbacks, logging into the run
@@ -220,11 +233,12 @@ def build_trainer(config: RunConfig, callbacks: Sequence[Callback] = (), steps_p
         detect_anomaly=config.detect_anomaly,
         fast_dev_run=config.fast_dev_run,
         logger=False if config.fast_dev_run else build_loggers(config, version),
-        callbacks=[*build_callbacks(config, steps_per_epoch), *callbacks],
+        callbacks=grouped([*build_callbacks(config, steps_per_epoch), *callbacks]),
         log_every_n_steps=config.log_every_n_steps,
         enable_model_summary=False,
         enable_progress_bar=animated_progress(config),
         default_root_dir=config.logdir,  # where the tuner's temporary checkpoints go
+        profiler=NoProfiler(),
         plugins=[AtomicCheckpointIO(), *cluster_plugins()],
         # The datamodule shards every split itself (resumable, evaluation unpadded); Lightning's own
         # sampler cannot wrap the one-process batch sampler that a one-device DDP or FSDP run keeps.

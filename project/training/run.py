@@ -40,7 +40,7 @@ from project.training.build import (
     build_trainer,
     global_batch,
 )
-from project.training.callbacks import EpochStats, quiet_known_warnings
+from project.training.callbacks import EpochStats, find_callback, quiet_known_warnings
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule, planned_steps
@@ -238,7 +238,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
             with reported_failures(folder.path if folder is not None else None):
                 best, last, best_val = fit(trainer, model, datamodule, resume, stopper)
                 metrics = run_test(trainer, model, datamodule, best, signals) if test else {}
-            stats = next((cb for cb in trainer.callbacks if isinstance(cb, EpochStats)), None)
+            stats = find_callback(trainer, EpochStats)
             device = trainer.strategy.root_device
             result = RunResult(
                 config=trained, is_global_zero=trainer.is_global_zero, world_size=trainer.world_size,
