@@ -3,6 +3,7 @@ one measures, logs, prints or refuses. Times are injected: no assertion reads ho
 
 from __future__ import annotations
 
+import itertools
 import logging
 import types
 import warnings
@@ -350,7 +351,7 @@ def test_grouped_callbacks_receive_every_hook_in_the_order_given(shapes):
     flat = [m for c in together for m in (c.members if isinstance(c, cb.CallbackGroup) else (c,))]
     assert flat == callbacks
     assert not any(isinstance(a, cb.CallbackGroup) and isinstance(b, cb.CallbackGroup)
-                   for a, b in zip(together, together[1:]))
+                   for a, b in itertools.pairwise(together))
     assert all(type(m).__module__.startswith("project.") for g in together if isinstance(g, cb.CallbackGroup)
                for m in g.members)
 
