@@ -132,7 +132,8 @@ def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
     (lambda: cli.parse_engine_size_args(None), ["x"], "engine_size.py: error: unrecognized arguments: x"),
 ], ids=["predict-no-input", "predict-two-sources", "predict-topk", "evaluate-name", "new-recipe-source",
         "sweep-pruner", "sweep-workers", "benchmark-precision", "benchmark-two-datasets", "check-recipe-epochs",
-        "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out", "benchmark-repeat",
+        "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out",
+        "benchmark-repeat",
         "check-gpu-flag", "engine-size-argument"])
 def test_a_tools_bad_command_line_is_one_line_and_exit_status_2(monkeypatch, capsys, parse, argv, error):
     monkeypatch.setattr(sys, "argv", ["script.py", *argv])
