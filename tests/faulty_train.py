@@ -120,7 +120,8 @@ def main() -> int:
         seconds = float(os.environ["STEP_SECONDS"])
         steps_per_call.measure_step_seconds = lambda *args, **kwargs: seconds
         steps_per_call.AutoStepsPerCall.on_train_batch_end = \
-            lambda self, trainer, *args: steps_per_call.retime(trainer, seconds)
+            lambda self, trainer, *args: steps_per_call.retime(
+                trainer, steps_per_call.StepTimes(seconds, steps_per_call.FIXED_COST_GUESS_S))
     train_script = _load_train_script()
     plain_train = run.train
     run.train = lambda config, recipe, **kwargs: plain_train(config, recipe, **kwargs, callbacks=callbacks)

@@ -472,7 +472,7 @@ def test_the_data_wait_counts_the_training_batches_fetch_only():
     time = FakeClock()
     clock = loops.FetchClock(now=time)
     kept = Kept()
-    profiler = loops._FetchProfiler(clock, kept)
+    profiler = loops.FetchProfiler(clock, kept)
     with profiler.profile("run_training_batch"):
         pass
     assert kept.seen == [("start", "run_training_batch"), ("stop", "run_training_batch")]

@@ -1,6 +1,7 @@
 """Several optimizer steps per Lightning step is the same training: same weights, checkpoints, logs."""
 
 import re
+import types
 
 import lightning as L
 import pytest
@@ -19,6 +20,7 @@ from helpers import (
 from project.config.schema import RunConfig
 from project.errors import UsageError
 from project.training.build import build_model
+from project.training.callbacks import RunsFirst
 from project.training.steps_per_call import StepsPerCall, choose_steps_per_call
 from project.training.tensor_data import EpochShuffleSampler, StepGroups, group_ends_at
 
@@ -66,45 +68,86 @@ def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monk
 
 
 class StepClock:
-    """A clock for ``AutoStepsPerCall`` that reads ``seconds`` per optimizer step the run has taken (``time``
-    stand-in): the load went away after auto's first measure, whatever this machine is doing now."""
+    """A clock for ``AutoStepsPerCall`` (``time`` stand-in): ``seconds`` per optimizer step the run has taken, and
+    ``fixed`` per Lightning step it has started (its loop, hooks and callbacks): the load went away after auto's
+    first measure, whatever this machine is doing now."""
 
-    def __init__(self, seconds: float = 0.0015) -> None:
-        self.trainer, self.seconds = None, seconds
+    def __init__(self, seconds: float = 0.0015, fixed: float = 0.001) -> None:
+        self.trainer, self.seconds, self.fixed, self.calls = None, seconds, fixed, 0
 
     def perf_counter(self) -> float:
-        return self.seconds * self.trainer.global_step if self.trainer is not None else 0.0
+        if self.trainer is None:
+            return 0.0
+        return self.seconds * self.trainer.global_step + self.fixed * self.calls
 
 
-class Watch(L.Callback):
+class Watch(RunsFirst):
+    """Counts each Lightning step as it starts, before any other callback reads the clock."""
+
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock
 
     def on_train_start(self, trainer, pl_module):
         self.clock.trainer = trainer
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.clock.calls += 1
 
-@pytest.mark.parametrize(("first", "own", "start", "expected"), [(0.05, 0.0015, 1, 25), (0.0015, 0.0008, 25, 50)])
-def test_auto_follows_the_runs_own_steps_when_its_first_measure_was_slowed_by_load(data, tmp_path, monkeypatch,
-                                                                                 first, own, start, expected):
+
+@pytest.mark.parametrize(("first", "own", "fixed", "start", "expected"),
+                         [(0.05, 0.0015, 0.001, 1, 25), (0.0015, 0.0008, 0.001, 25, 50),
+                          (0.0015, 0.0015, 0.0004, 25, 10)])
+def test_auto_follows_the_runs_own_steps_and_fixed_cost(data, tmp_path, monkeypatch, first, own, fixed, start,
+                                                        expected):
     """Measured at a moment of load (50 ms a step), auto starts at 1 step per call; the run's own steps, timed at
     each group's end (1.5 ms each from then on), take it up, and the training is the same. A smaller move counts
-    too: K doubles from 25 to 50 when the steps turn out half as long (a move of a whole K, not more than it)."""
+    too: K doubles from 25 to 50 when the steps turn out half as long (a move of a whole K, not more than it). And
+    the fixed cost of a call is the run's own, not the first guess: 0.4 ms where 1 ms was guessed takes K down."""
     from project.training import steps_per_call
 
     _, reference = run(data, tmp_path / "k1", 1, log_every_n_steps=50, max_epochs=3)
     monkeypatch.setattr(steps_per_call, "measure_step_seconds", lambda *args: first)
-    clock = StepClock(own)
+    clock = StepClock(own, fixed)
     monkeypatch.setattr(steps_per_call, "time", clock)
     auto = train(tiny_config(data, tmp_path / "auto", steps_per_call="auto", log_every_n_steps=50, max_epochs=3),
                  callbacks=[Watch(clock)])
     state = torch.load(auto.last_checkpoint, weights_only=True)
-    # 27 steps of 1.5 ms, aligned to the logging interval: 25; 50 steps of 0.8 ms: 50
-    assert steps_per_call.steps_for(first, 50) == start and steps_per_call.steps_for(own, 50) == expected
+    # 27 steps of 1.5 ms, aligned to the logging interval: 25; 50 steps of 0.8 ms: 50; 11 of 1.5 ms at 0.4 ms: 10
+    assert steps_per_call.steps_for(first, 50) == start
+    assert steps_per_call.steps_for(own, 50, fixed) == expected
     assert auto.steps_per_call == expected, auto.summary()
-    assert f"; {start} at first, then {expected} as the run timed its own steps" in auto.summary()
+    assert (f"(auto: a step's math takes {own * 1e3:.2f} ms, a call's fixed cost {fixed * 1e3:.2f} ms, as the run "
+            f"timed its own; {start} at first, then {expected})") in auto.summary()
+    timed = auto.steps.timed
+    assert timed.step_seconds == pytest.approx(own) and timed.fixed_seconds == pytest.approx(fixed)
     assert_same_training_state(reference, state)
     assert state["run_record"]["steps_per_call"] == auto.steps_per_call  # what a resume takes
+
+
+def test_a_moment_of_load_in_one_group_moves_nothing(monkeypatch):
+    """auto follows the median of the run's last groups: one group slowed tenfold does not move K."""
+    from project.training import steps_per_call
+
+    followed = []
+
+    class Stepper:
+        def follow(self, trainer, times):
+            followed.append(times)
+
+    clock = iter([0.0, 0.0,  # the first group: its end only starts the count
+                  0.001, 0.011,  # fixed 1 ms, 10 steps of 1 ms
+                  0.012, 0.022, 0.023, 0.033,
+                  0.034, 0.134])  # a group ten times slower
+    monkeypatch.setattr(steps_per_call, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cpu")), global_step=0)
+    module = types.SimpleNamespace(stepper=Stepper())
+    auto = steps_per_call.AutoStepsPerCall()
+    for _ in range(5):
+        auto.on_train_batch_start(trainer, module, None, 0)
+        trainer.global_step += 10
+        auto.on_train_batch_end(trainer, module, None, None, 0)
+    assert [round(t.step_seconds, 6) for t in followed] == [0.001, 0.001, 0.001, 0.001]
+    assert [round(t.fixed_seconds, 6) for t in followed] == [0.001, 0.001, 0.001, 0.001]
 
 
 def test_checkpoints_and_logs_land_on_the_same_steps(data, tmp_path):
@@ -261,8 +304,8 @@ def test_auto_times_the_runs_own_step_and_ignores_passing_pauses(shared_tiny_dat
     chosen = choose_steps_per_call(config.replace(steps_per_call="auto"), 1, torch.device("cpu"), datamodule,
                                    new_model)
     # 50 ms of math: Lightning's 1 ms is 2 % of it, not worth grouping
-    assert chosen.k == 1 and re.fullmatch(r"a step's math takes \d+\.\d\d ms, Lightning's per-step cost about 1\.0 ms",
-                                          chosen.why)
+    assert chosen.k == 1
+    assert re.fullmatch(r"a step's math takes \d+\.\d\d ms, a call's fixed cost 1\.0 ms as first guessed", chosen.why)
 
 
 class BarSeen(L.Callback):
@@ -299,18 +342,23 @@ def test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start(data, tmp_pat
 
 def test_the_steps_per_call_line_says_k_and_why():
     from project.hardware.device_step import StepMode
-    from project.training.steps_per_call import StepsTaken
+    from project.training.steps_per_call import StepsTaken, StepTimes
 
-    def line(planned: StepsPerCall, k: int, step_seconds: float | None = None) -> str:
-        return StepsTaken(planned, k, step_seconds, StepMode.OFF, "").describe_k()
+    def line(planned: StepsPerCall, k: int, step_seconds: float | None = None, timed: StepTimes | None = None) -> str:
+        return StepsTaken(planned, k, step_seconds, StepMode.OFF, "", timed).describe_k()
 
     assert line(StepsPerCall(8, "as asked"), 8) == "as asked"
     timed = StepsPerCall(4, "a step's math takes 0.1 ms", auto=True)
     assert line(timed, 4) == "auto: a step's math takes 0.1 ms"
-    assert line(timed, 16) == "auto: a step's math takes 0.1 ms; 4 at first, then 16 as the run timed its own steps"
+    assert line(timed, 16) == "auto: a step's math takes 0.1 ms; 4 at first, then 16"
+    own = StepTimes(0.0011, 0.0024)
+    assert line(timed, 16, timed=own) == ("auto: a step's math takes 1.10 ms, a call's fixed cost 2.40 ms, as the run "
+                                          "timed its own; 4 at first, then 16")
+    assert line(timed, 4, timed=own) == ("auto: a step's math takes 1.10 ms, a call's fixed cost 2.40 ms, as the run "
+                                         "timed its own")
     captured = StepsPerCall(64, "the most, until the capture times a step", auto=True, until_captured=True)
-    assert line(captured, 64, 0.00123) == ("auto: a captured step takes 1.230 ms, Lightning's per-step cost about "
-                                           "1.0 ms")
+    assert line(captured, 64, 0.00123) == "auto: a captured step takes 1.230 ms, a call's fixed cost 1.0 ms as first " \
+                                          "guessed"
     assert line(captured, 64) == "auto: 64, the most (no step was captured)"
 
 
@@ -363,7 +411,7 @@ def test_train_batches_per_rank_are_those_of_the_distributed_sampler(size, world
     assert train_batches(RunConfig(batch_size=batch), size, world_size) == len(loader)
 
 
-MEASURED = "a step's math takes 10.00 ms, Lightning's per-step cost about 1.0 ms"
+MEASURED = "a step's math takes 10.00 ms, a call's fixed cost 1.0 ms as first guessed"
 
 
 @pytest.fixture
@@ -424,3 +472,51 @@ def test_auto_keeps_a_k_of_one_grouped_where_it_may_raise_it_and_not_where_a_rea
     assert per_sample.steps == StepsPerCall(1, "the recipe reads its samples one by one from load_samples: a batch "
                                             "per Lightning step", auto=True)
     assert not per_sample.grouped
+
+
+def test_auto_counts_a_groups_fetch_with_its_steps_not_in_the_fixed_cost(monkeypatch):
+    """The fetch of a group's batches grows with K: it is the steps' cost, not the Lightning step's. Timed through
+    Lightning's profiler hooks around it, in a profiler that is the run's own again when training ends."""
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    from project.training import steps_per_call
+
+    now = [0.0]
+    monkeypatch.setattr(steps_per_call, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    followed = []
+    module = types.SimpleNamespace(stepper=types.SimpleNamespace(follow=lambda trainer, times: followed.append(times)))
+    own = PassThroughProfiler()
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cpu")), global_step=0,
+                                    profiler=own)
+    auto = steps_per_call.AutoStepsPerCall()
+    auto.on_train_start(trainer, module)
+    for _ in range(4):
+        now[0] += 0.0005  # Lightning's loop
+        trainer.profiler.start("[_TrainingEpochLoop].train_dataloader_next")
+        now[0] += 0.002  # the group's 10 batches gathered
+        trainer.profiler.stop("[_TrainingEpochLoop].train_dataloader_next")
+        now[0] += 0.0005  # hooks and callbacks
+        auto.on_train_batch_start(trainer, module, None, 0)
+        now[0] += 0.010
+        trainer.global_step += 10
+        auto.on_train_batch_end(trainer, module, None, None, 0)
+    assert len(followed) == 3
+    assert followed[-1].step_seconds == pytest.approx(0.0012) and followed[-1].fixed_seconds == pytest.approx(0.001)
+    auto.on_train_end(trainer, module)
+    assert trainer.profiler is own
+
+
+def test_a_fetch_profiler_leaves_the_chain_whichever_order_they_go():
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    from project.training.callbacks import FetchClock, FetchProfiler
+
+    for first_out in (True, False):
+        own = PassThroughProfiler()
+        trainer = types.SimpleNamespace(profiler=own)
+        inner = FetchProfiler.around(trainer, FetchClock())
+        outer = FetchProfiler.around(trainer, FetchClock())
+        assert trainer.profiler is outer and outer.kept is inner and inner.kept is own
+        for profiler in (inner, outer) if first_out else (outer, inner):
+            profiler.remove(trainer)
+        assert trainer.profiler is own

@@ -20,7 +20,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
@@ -29,7 +28,7 @@ from project.config.schema import RunConfig
 from project.contract import Recipe
 from project.hardware.device_step import StepMode
 from project.training.build import build_datamodule, build_model
-from project.training.callbacks import EpochStats, RunsFirst
+from project.training.callbacks import EpochStats, FetchClock, FetchProfiler, RunsFirst
 from project.training.classifier import optimizer_and_schedule
 from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, batches_of, keep_batch, split_indices
 
@@ -83,59 +82,16 @@ class AugmentedByHand(Dataset):
         return self.augment(inputs, torch.default_generator), target
 
 
-class FetchClock:
-    """Host seconds spent waiting for the next batch: the time a step cannot start because its data is not there.
-    ``now`` reads the time (the host's clock; a test's own, to measure what it knows)."""
-
-    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
-        self.seconds, self.now = 0.0, now
-
-    def timed(self, batches: Iterable) -> Iterator:
-        iterator = iter(batches)
-        while True:
-            began = self.now()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.seconds += self.now() - began
-            yield batch
-
-
-class _FetchProfiler(PassThroughProfiler):
-    """Times each fetch of a training batch through Lightning's profiler hooks around it; everything else goes to
-    the run's own profiler (``kept``), so that a row keeps its cost of profiling."""
-
-    def __init__(self, clock: FetchClock, kept: Profiler) -> None:
-        super().__init__()
-        self.clock, self.kept, self._began = clock, kept, None
-
-    def profile(self, action_name: str) -> Any:
-        return self.kept.profile(action_name)
-
-    def start(self, action_name: str) -> None:
-        if action_name.endswith("train_dataloader_next"):
-            self._began = self.clock.now()
-        self.kept.start(action_name)
-
-    def stop(self, action_name: str) -> None:
-        self.kept.stop(action_name)
-        if action_name.endswith("train_dataloader_next") and self._began is not None:
-            self.clock.seconds += self.clock.now() - self._began
-            self._began = None
-
-
 class DataWait(Callback):
     """The seconds each training epoch of a Lightning run waited for its batches, through the Trainer's own
     profiler hooks (its profiler is put back when training ends)."""
 
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
         self.clock, self.epoch_waits = FetchClock(now), []
-        self._kept: Any = None
+        self._profiler: FetchProfiler | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._kept, trainer.profiler = trainer.profiler, _FetchProfiler(self.clock, trainer.profiler)
+        self._profiler = FetchProfiler.around(trainer, self.clock)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.seconds = 0.0
@@ -144,7 +100,8 @@ class DataWait(Callback):
         self.epoch_waits.append(self.clock.seconds)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.profiler = self._kept
+        if self._profiler is not None:
+            self._profiler.remove(trainer)
 
 
 @dataclass

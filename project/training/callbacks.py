@@ -8,11 +8,13 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 
 from project.contract import DEFAULT_RECIPE
 from project.errors import NonFiniteLossError
@@ -79,6 +81,69 @@ def log_every(trainer: L.Trainer) -> int:
 # Every hook Lightning calls on each callback (setup, teardown, on_*); state_dict is not one.
 HOOKS = tuple(name for name, value in vars(Callback).items()
               if callable(value) and (name.startswith("on_") or name in ("setup", "teardown")))
+
+
+class FetchClock:
+    """Host seconds spent waiting for the next batch: the time a step cannot start because its data is not there.
+    ``now`` reads the time (the host's clock; a test's own, to measure what it knows)."""
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.seconds, self.now = 0.0, now
+
+    def timed(self, batches: Iterable) -> Iterator:
+        iterator = iter(batches)
+        while True:
+            began = self.now()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += self.now() - began
+            yield batch
+
+
+class FetchProfiler(PassThroughProfiler):
+    """Times each fetch of a training batch through Lightning's profiler hooks around it; everything else goes to
+    the run's own profiler (``kept``), so that a run keeps its cost of profiling (and its profile)."""
+
+    def __init__(self, clock: FetchClock, kept: Profiler) -> None:
+        super().__init__()
+        self.clock, self.kept = clock, kept
+        self._began: float | None = None
+
+    @classmethod
+    def around(cls, trainer: L.Trainer, clock: FetchClock) -> FetchProfiler:
+        """The Trainer's profiler, now timing fetches on ``clock`` too."""
+        profiler = cls(clock, trainer.profiler)  # type: ignore[attr-defined]  # set by Lightning's connector
+        trainer.profiler = profiler  # type: ignore[attr-defined]
+        return profiler
+
+    def remove(self, trainer: L.Trainer) -> None:
+        """This profiler out of the Trainer's, wherever it is among others wrapped around it since."""
+        holder: Profiler = trainer.profiler  # type: ignore[attr-defined]  # set by Lightning's connector
+        if holder is self:
+            trainer.profiler = self.kept  # type: ignore[attr-defined]
+            return
+        while isinstance(holder, FetchProfiler):
+            if holder.kept is self:
+                holder.kept = self.kept
+                return
+            holder = holder.kept
+
+    def profile(self, action_name: str) -> Any:
+        return self.kept.profile(action_name)
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith("train_dataloader_next"):
+            self._began = self.clock.now()
+        self.kept.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.kept.stop(action_name)
+        if action_name.endswith("train_dataloader_next") and self._began is not None:
+            self.clock.seconds += self.clock.now() - self._began
+            self._began = None
 
 
 class CallbackGroup(Callback):

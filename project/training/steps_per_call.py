@@ -14,8 +14,10 @@ groups, the device-side steps and their CUDA graphs (``project/hardware/device_s
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,15 +32,16 @@ from project.config.schema import RunConfig
 from project.config.validators import changes_the_default
 from project.errors import UsageError
 from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
-from project.training.callbacks import LoggedLossBar
+from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar
 from project.training.tensor_data import batches_of
 
 AUTO_MAX = 64
-# Lightning's own cost of one training step: bare Lightning minus the hand-written loop in
-# scripts/benchmark.py, per step, on the 2-core CPU (0.6-1.1 ms at batch 64 and 256); auto
-# chooses K so that it is at most ~2.5 % of K steps' math.
-LIGHTNING_STEP_OVERHEAD_S = 1e-3
+# The fixed cost of one Lightning step (its loop, hooks and callbacks, the template's own): auto chooses K so that
+# it is at most ~2.5 % of K steps' math. Before the run has timed its own (its first groups), a first guess: bare
+# Lightning minus the hand-written loop in scripts/benchmark.py, per step, on the 2-core CPU.
+FIXED_COST_GUESS_S = 1e-3
 OVERHEAD_SHARE = 0.025
+TIMED_GROUPS = 8  # auto follows the median of the run's last groups: one slow moment moves nothing
 # Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
 WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
 # Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
@@ -110,7 +113,7 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
         step = measure_step_seconds(config, datamodule, device, new_model)
     return StepsPerCall(steps_for(step, config.log_every_n_steps), f"a step's math takes {step * 1e3:.2f} ms, "
-                        f"Lightning's per-step cost about {LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms", auto=True)
+                        f"a call's fixed cost {FIXED_COST_GUESS_S * 1e3:.1f} ms as first guessed", auto=True)
 
 
 def _will_capture(config: RunConfig) -> bool:
@@ -154,6 +157,7 @@ class Stepper:
         grouped_on_device = plan.grouped and plan.mode is not StepMode.OFF
         self.runner = StepRunner(plan.mode, self._timed) if grouped_on_device else None
         self.step_seconds: float | None = None  # of a captured step, timed after its capture
+        self.timed: StepTimes | None = None  # the run's own steps and calls, as auto timed them on CPU
         self._trainer: L.Trainer | None = None
 
     @property
@@ -175,13 +179,27 @@ class Stepper:
     def _timed(self, step_seconds: float) -> None:
         self.step_seconds = step_seconds
         if self.plan.follows_timing and self._trainer is not None:
-            retime(self._trainer, step_seconds)
+            retime(self._trainer, StepTimes(step_seconds, FIXED_COST_GUESS_S))
+
+    def follow(self, trainer: L.Trainer, times: StepTimes) -> None:
+        """The run's own times, measured as it goes (``AutoStepsPerCall``): K follows them."""
+        self.timed = times
+        if self.plan.follows_timing:
+            retime(trainer, times)
 
     def taken(self, k: int) -> StepsTaken:
         """How the steps ran in the end (``k``: the K the run ended with)."""
         runner_off = self.runner is not None and self.runner.mode is StepMode.OFF
         return StepsTaken(self.plan.steps, k, self.step_seconds, StepMode.OFF if runner_off else self.plan.mode,
-                          self.runner.reason if runner_off else self.plan.mode_reason)
+                          self.runner.reason if runner_off else self.plan.mode_reason, self.timed)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """A run's own times: one optimizer step's math, and the fixed cost of each Lightning step around it."""
+
+    step_seconds: float
+    fixed_seconds: float
 
 
 @dataclass(frozen=True)
@@ -193,17 +211,20 @@ class StepsTaken:
     step_seconds: float | None  # a captured step's, timed after its capture
     mode: StepMode
     mode_reason: str
+    timed: StepTimes | None = None  # the run's own, where auto timed them (CPU)
 
     def describe_k(self) -> str:
         """The run's ``steps per call`` line: K, and why."""
         planned = self.planned
         if planned.until_captured:
-            return (f"auto: a captured step takes {self.step_seconds * 1e3:.3f} ms, Lightning's per-step cost about "
-                    f"{LIGHTNING_STEP_OVERHEAD_S * 1e3:.1f} ms" if self.step_seconds else
+            return (f"auto: a captured step takes {self.step_seconds * 1e3:.3f} ms, a call's fixed cost "
+                    f"{FIXED_COST_GUESS_S * 1e3:.1f} ms as first guessed" if self.step_seconds else
                     f"auto: {self.k}, the most (no step was captured)")
-        if self.k != planned.k:
-            return f"{planned.describe()}; {planned.k} at first, then {self.k} as the run timed its own steps"
-        return planned.describe()
+        timed = self.timed
+        said = planned.describe() if timed is None else (
+            f"auto: a step's math takes {timed.step_seconds * 1e3:.2f} ms, a call's fixed cost "
+            f"{timed.fixed_seconds * 1e3:.2f} ms, as the run timed its own")
+        return said if self.k == planned.k else f"{said}; {planned.k} at first, then {self.k}"
 
     def describe_mode(self) -> str:
         state = {StepMode.GRAPHS: " on", StepMode.DEVICE: "' step run eagerly"}.get(self.mode, " off")
@@ -324,11 +345,11 @@ def count_optimizer_steps(trainer: L.Trainer, steps: int) -> None:
         tracker.completed += steps
 
 
-def steps_for(step_seconds: float, log_every: int | None = None) -> int:
-    """K that makes Lightning's per-step cost at most ~2.5 % of K steps' math; with ``log_every``, the divisor of
-    the logging interval nearest to it: groups end at every logging step anyway, and a K that divides the
+def steps_for(step_seconds: float, log_every: int | None = None, fixed_seconds: float = FIXED_COST_GUESS_S) -> int:
+    """K that makes a Lightning step's fixed cost at most ~2.5 % of K steps' math; with ``log_every``, the divisor
+    of the logging interval nearest to it: groups end at every logging step anyway, and a K that divides the
     interval adds no other group ends between them."""
-    k = max(1, min(AUTO_MAX, math.ceil(LIGHTNING_STEP_OVERHEAD_S / (OVERHEAD_SHARE * step_seconds))))
+    k = max(1, min(AUTO_MAX, math.ceil(fixed_seconds / (OVERHEAD_SHARE * step_seconds))))
     if not log_every or k == 1:
         return k
     divisors = [d for d in range(1, min(log_every, AUTO_MAX) + 1) if log_every % d == 0]
@@ -336,31 +357,52 @@ def steps_for(step_seconds: float, log_every: int | None = None) -> int:
 
 
 class AutoStepsPerCall(Callback):
-    """``--steps-per-call auto`` keeps measuring: at each group's end, K follows the time the run's own steps take
-    (Lightning's share included), so a K chosen at a moment of load does not slow the whole run. K never changes
-    the training, only how many steps one Lightning step takes. On CPU, where the host's clock times the steps;
-    a captured GPU run is timed once, with CUDA events, after its capture (``retime``)."""
+    """``--steps-per-call auto`` keeps measuring, on CPU where the host's clock times the steps. Of each group: its
+    steps, from its Lightning step's start to its end, plus the fetch of its batches (through Lightning's profiler
+    hooks around it), over its K; and the fixed cost of its Lightning step, the rest of the time since the last
+    group ended (Lightning's loop, hooks and callbacks, the template's). K follows the medians of the last
+    ``TIMED_GROUPS`` groups, so a K chosen at a moment of load, or from the first guess of the fixed cost, does not
+    hold a whole run. K never changes the training, only how many steps one Lightning step takes. A captured GPU
+    run is timed once, with CUDA events, after its capture."""
 
     def __init__(self) -> None:
-        self._last: tuple[float, int, int] | None = None  # (time, global step, epoch) at the last group's end
+        self._ended: tuple[float, int, float] | None = None  # time, global step and fetch seconds at a group's end
+        self._started = 0.0
+        self._groups: collections.deque[StepTimes] = collections.deque(maxlen=TIMED_GROUPS)
+        self._fetches = FetchClock(lambda: time.perf_counter())
+        self._profiler: FetchProfiler | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._profiler = FetchProfiler.around(trainer, self._fetches)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._profiler is not None:
+            self._profiler.remove(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last = None  # an epoch's start pays for its loader and its first group: not a step's cost
+        self._ended = None  # an epoch's start pays for its loader and the validation before it: not a call's cost
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if trainer.strategy.root_device.type != "cpu":
             return
-        now, step = time.perf_counter(), trainer.global_step
-        if self._last is not None and step > self._last[1]:
-            retime(trainer, (now - self._last[0]) / (step - self._last[1]))
-        self._last = (now, step, trainer.current_epoch)
+        now, step, fetched = time.perf_counter(), trainer.global_step, self._fetches.seconds
+        if self._ended is not None and step > self._ended[1]:
+            steps = (now - self._started) + (fetched - self._ended[2])
+            self._groups.append(StepTimes(steps / (step - self._ended[1]), max(now - self._ended[0] - steps, 0.0)))
+            pl_module.stepper.follow(trainer, StepTimes(statistics.median(g.step_seconds for g in self._groups),
+                                                        statistics.median(g.fixed_seconds for g in self._groups)))
+        self._ended = (now, step, fetched)
 
 
-def retime(trainer: L.Trainer, step_seconds: float) -> None:
-    """Set K from a step's measured time, where it moved by more than a quarter."""
+def retime(trainer: L.Trainer, times: StepTimes) -> None:
+    """Set K from the run's measured times, where it moved by more than a quarter."""
     datamodule = trainer.datamodule
-    k, now = steps_for(step_seconds, trainer.log_every_n_steps), datamodule.steps_per_call
+    k, now = steps_for(times.step_seconds, trainer.log_every_n_steps, times.fixed_seconds), datamodule.steps_per_call
     if abs(k - now) > now / 4:
         datamodule.use_steps_per_call(k)
 
