@@ -155,7 +155,7 @@ def _one_repeat(key: str, step_us: float, steps: int = 10) -> dict:
 
 
 def test_each_repeat_is_measured_against_its_own_references_and_summarised_by_medians_and_ranges():
-    from project.benchmark.runner import _measured_row, _summary
+    from project.benchmark.runner import _add_ratios, _measured_row, _summary
 
     results = {"steps_per_epoch": 10, "train_samples": 640}
     repeats = []
@@ -163,6 +163,9 @@ def test_each_repeat_is_measured_against_its_own_references_and_summarised_by_me
         this: dict = {}
         for key, us in (("hand", hand), ("bare", bare), ("template-k1", template)):
             this[key] = _measured_row(key, _one_repeat(key, us), results, this)
+        assert this["hand"]["vs_bare"] is None  # bare Lightning is measured after it
+        for row in this.values():  # at the repeat's end, as run_all does
+            _add_ratios(row, this)
         repeats.append(this)
     rows = {key: _summary([r[key] for r in repeats]) for key in ("hand", "bare", "template-k1")}
     template = rows["template-k1"]
@@ -174,6 +177,7 @@ def test_each_repeat_is_measured_against_its_own_references_and_summarised_by_me
     assert [r["step_us"] for r in template["repeats"]] == pytest.approx([2400, 3000, 1900])
     assert rows["hand"]["vs_hand"] == 1.0 and rows["hand"]["vs_hand_range"] == [1.0, 1.0]
     assert rows["bare"]["vs_hand"] == pytest.approx(1.8)  # 2.0, 1.4, 1.8
+    assert rows["hand"]["vs_bare_range"] == pytest.approx([1000 / 2000, 1500 / 2100])  # each to its own repeat's
     single = _summary([repeats[0]["template-k1"]])
     assert single is repeats[0]["template-k1"] and "vs_hand_range" not in single  # one run: no range to show
 
@@ -207,6 +211,8 @@ def test_repeats_run_the_rows_interleaved_and_report_medians_with_ranges(tmp_pat
         assert row["step_us"] == pytest.approx(sum(r["step_us"] for r in row["repeats"]) / 2)
     template = result["rows"][2]
     bare = [r["step_us"] for r in result["rows"][1]["repeats"]]
+    assert [r["vs_bare"] for r in result["rows"][0]["repeats"]] == pytest.approx(
+        [h["step_us"] / b for h, b in zip(result["rows"][0]["repeats"], bare, strict=True)])
     assert [r["vs_bare"] for r in template["repeats"]] == pytest.approx(
         [t["step_us"] / b for t, b in zip(template["repeats"], bare, strict=True)])
     lines = [line.split(" | ")[0].removeprefix("| ") for line in done.stdout.splitlines() if line.startswith("| ")]

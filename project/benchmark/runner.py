@@ -103,13 +103,18 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
     for repeat in range(args.repeat):  # interleaved: a noisy minute lands on every row alike
         if args.repeat > 1:
             print(f"| repeat {repeat + 1} of {args.repeat} |", flush=True)
+        this_repeat: dict[str, dict[str, Any]] = {}
         for key in wanted:
             print(f"running {ROWS[key]} ...", file=sys.stderr, flush=True)
-            row = _measured_row(key, runners[key](), results, {k: rows[-1] for k, rows in measured.items() if rows})
-            measured[key].append(row)
-            print(_row(row, results), flush=True)
+            this_repeat[key] = _measured_row(key, runners[key](), results, this_repeat)
+            measured[key].append(this_repeat[key])
+            print(_row(this_repeat[key], results), flush=True)
             results["rows"] = [_summary(rows) for rows in measured.values() if rows]
             _write(results, out)
+        for row in this_repeat.values():  # now also to the references measured after it (the hand loop to bare)
+            _add_ratios(row, this_repeat)
+    results["rows"] = [_summary(rows) for rows in measured.values()]
+    _write(results, out)
     if args.repeat > 1:
         print(_summary_table(results), flush=True)
     return results
@@ -125,11 +130,16 @@ def _measured_row(key: str, measured: dict[str, Any], results: dict[str, Any],
            "data_wait": statistics.median(w / t for w, t in zip(measured["wait_times"], measured["epoch_times"],
                                                                  strict=True)),
            **measured}
-    for name, (reference, _) in REFERENCES.items():
-        base = row if reference == key else this_repeat.get(reference)
-        alike = (key in ddp.ROWS) == (reference in ddp.ROWS)  # a DDP step holds an all-reduce: DDP to DDP only
-        row[name] = row["step_us"] / base["step_us"] if base and alike else None
+    _add_ratios(row, {**this_repeat, key: row})
     return row
+
+
+def _add_ratios(row: dict[str, Any], this_repeat: dict[str, dict[str, Any]]) -> None:
+    """``row``'s ratio to each reference row measured in the same repeat (None where there is none)."""
+    for name, (reference, _) in REFERENCES.items():
+        base = this_repeat.get(reference)
+        alike = (row["key"] in ddp.ROWS) == (reference in ddp.ROWS)  # a DDP step holds an all-reduce: DDP to DDP
+        row[name] = row["step_us"] / base["step_us"] if base and alike else None
 
 
 def _summary(repeats: list[dict[str, Any]]) -> dict[str, Any]:

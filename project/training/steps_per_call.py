@@ -237,7 +237,7 @@ def lightnings_own_steps() -> Stepper:
 
 
 def measure_step_seconds(config: RunConfig, datamodule: Any, device: torch.device,
-                         new_model: Callable[[RunConfig], Any], budget_s: float = 0.3, most: int = 200,
+                         new_model: Callable[[RunConfig], Any], budget_s: float = 0.1, most: int = 200,
                          clock: Callable[[], float] = time.perf_counter) -> float:
     """Time of one training step of the run itself: the recipe's model and loss (``batch_loss``), on a batch
     of its training data at its batch size, backward and an optimizer step, on its device and precision.
