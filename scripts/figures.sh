@@ -9,7 +9,7 @@ trap 'rm -rf "$WORK"' EXIT
 {
     echo "# Figures"
     echo
-    echo "Measured by \`make figures\` ($(date -u +%F), $(nproc) CPU cores, $("$PY" -c 'import platform, torch, lightning; print(f"Python {platform.python_version()}, torch {torch.__version__}, Lightning {lightning.__version__}")'))."
+    echo "Measured by \`make figures\` ($(date -u +%F), $(nproc) CPU cores ($(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $("$PY" -c 'import platform, torch, lightning; print(f"Python {platform.python_version()}, torch {torch.__version__}, Lightning {lightning.__version__}")'))."
     echo
     echo "## The default run: \`scripts/train.py\`"
     echo
@@ -20,9 +20,10 @@ trap 'rm -rf "$WORK"' EXIT
     echo '```'
     for batch in 64 256; do
         echo
-        echo "## The benchmark at batch $batch: \`scripts/benchmark.py --batch-size $batch\`"
+        echo "## The benchmark at batch $batch: \`scripts/benchmark.py --batch-size $batch --repeat 3\`"
         echo
-        "$PY" scripts/benchmark.py --batch-size "$batch" --out "$WORK/bench-$batch" 2>/dev/null
+        "$PY" scripts/benchmark.py --batch-size "$batch" --repeat 3 --out "$WORK/bench-$batch" 2>/dev/null \
+            | sed -n '/^over the/,$p' | tail -n +2  # the medians over the repeats
     done
 } > docs/figures.md
 echo "wrote docs/figures.md"

@@ -219,6 +219,7 @@ def test_repeats_run_the_rows_interleaved_and_report_medians_with_ranges(tmp_pat
     names = [row["implementation"] for row in result["rows"]]
     assert lines[1:] == ["repeat 1 of 2 |", *names, "repeat 2 of 2 |", *names, "implementation", *names]
     assert "over the 2 repeats:" in done.stdout and "interleaved" in (out / "benchmark.md").read_text()
+    assert result["cpu"] and f"(CPU {result['cpu']}, " in (out / "benchmark.md").read_text()
     low, high = template["vs_bare_range"]
     assert f"{template['vs_bare']:.2f}x ({low:.2f}-{high:.2f})" in (out / "benchmark.md").read_text()
 
@@ -255,3 +256,14 @@ def test_a_ddp_row_that_fails_is_one_line_with_the_ranks_own_reason(tmp_path):
     message = str(caught.value)
     assert message.startswith("the template-ddp row failed (exit code 1): ") and "nowhere" in message, message
     assert "\n" not in message
+
+
+def test_the_cpu_is_named_as_the_kernel_names_it():
+    from pathlib import Path
+
+    from project.benchmark.runner import cpu_name
+
+    info = Path("/proc/cpuinfo")
+    named = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    assert cpu_name() == (named[0] if named else cpu_name()) and cpu_name()

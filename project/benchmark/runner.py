@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -93,7 +94,8 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
         "device": str(device), "precision": precision, "batch_size": args.batch_size,
         "timed_epochs": args.epochs, "train_samples": len(data.train), "recipe": recipe.name,
         "steps_per_epoch": data.steps(1, args.batch_size), "repeats": args.repeat,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "num_workers": data.config.num_workers,
+        "cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "num_workers": data.config.num_workers,
         "references": [name for name, (key, _) in REFERENCES.items() if key in wanted], "rows": [],
     }
     with _writing(out, "make the folder", UsageError):
@@ -203,6 +205,16 @@ def time_to_accuracy(train_script: Path, data_dir: str | None) -> dict[str, Any]
             "train_imports_s": all_imports, "project_imports_s": project_imports}
 
 
+def cpu_name() -> str:
+    """The processor's model, as the kernel names it (a ratio measured on one CPU may not hold on another)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    named = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return named or platform.processor() or platform.machine()
+
+
 def _gpu(results: dict[str, Any]) -> bool:
     return results["device"].startswith("cuda")
 
@@ -239,7 +251,8 @@ def _header(results: dict[str, Any]) -> str:
     repeats = results["repeats"]
     over = f"; every row {repeats} times, interleaved: medians, ratios' ranges in brackets" if repeats > 1 else ""
     return "\n".join([
-        f"device {results['device']}, precision {results['precision']}, batch {results['batch_size']}, "
+        f"device {results['device']} (CPU {results['cpu']}, {results['threads']} threads), precision "
+        f"{results['precision']}, batch {results['batch_size']}, "
         f"{results['train_samples']} samples ({results['steps_per_epoch']} steps) per epoch, "
         f"DataLoader workers {results['num_workers']}; median of {results['timed_epochs']} timed epochs after one "
         f"warm-up epoch, timed with {timing}{over}",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning as L
 import torch
@@ -18,12 +20,13 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 
 from project import OPTIMIZERS, SCHEDULERS
-from project.errors import CheckpointError
+from project.errors import CheckpointError, UsageError
 from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
 from project.training.steps_per_call import Stepper, lightnings_own_steps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+T = TypeVar("T")
 
 
 def default_warmup(total_steps: int) -> int:
@@ -50,42 +53,120 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What every optimizer builder is given: the run's settings, and where its steps run."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+    device: torch.device
+    capturable: bool  # the step may be captured: an optimizer that can keeps its LR in a tensor there
+
+    @property
+    def fused(self) -> dict[str, bool]:
+        """Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step."""
+        return {"fused": True} if self.device.type == "cuda" else {}
+
+
+def _sgd(parameters: Any, s: OptimizerSettings) -> torch.optim.Optimizer:
+    built = torch.optim.SGD(parameters, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay,
+                            nesterov=s.momentum > 0, **s.fused)
+    if s.fused and s.momentum > 0:
+        # Fused SGD makes its momentum buffers with empty_like at the first step: one that 16-mixed's loss
+        # scaler skips leaves them uninitialised, and the weights turn to NaN a step later. Zeros are what a
+        # first step starts from (the same weights, bit for bit).
+        for group in built.param_groups:
+            for p in group["params"]:
+                built.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return built
+
+
+def _adam(kind: type[torch.optim.Adam] | type[torch.optim.AdamW]) -> Callable[[Any, OptimizerSettings],
+                                                                             torch.optim.Optimizer]:
+    """Adam or AdamW; capturable, its LR a tensor that a captured step fills from the schedule."""
+    def build(parameters: Any, s: OptimizerSettings) -> torch.optim.Optimizer:
+        if s.capturable:
+            return kind(parameters, lr=torch.tensor(s.lr, device=s.device), weight_decay=s.weight_decay,
+                        capturable=True)
+        return kind(parameters, lr=s.lr, weight_decay=s.weight_decay, **s.fused)
+    return build
+
+
+# The optimizers --optimizer names: name -> builder. A new one is a builder here and its name in
+# project.OPTIMIZERS (which the command line reads without importing torch); an optimizer a captured
+# step cannot replay runs eagerly, and the summary says why.
+OPTIMIZER_BUILDERS: dict[str, Callable[[Any, OptimizerSettings], torch.optim.Optimizer]] = {
+    "sgd": _sgd,
+    "adam": _adam(torch.optim.Adam),
+    "adamw": _adam(torch.optim.AdamW),
+}
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """What every schedule builder is given."""
+
+    optimizer_name: str
+    lr: float
+    momentum: float
+    warmup_steps: int | None
+    total_steps: int
+
+
+def _one_cycle(optimizer: torch.optim.Optimizer, s: ScheduleSettings) -> Any:
+    # One-cycle also cycles SGD's momentum (0.95 -> 0.85 -> 0.95, PyTorch's defaults) against the LR, in place of
+    # --momentum; --momentum 0 keeps plain SGD without momentum.
+    cycle = s.optimizer_name != "sgd" or s.momentum > 0
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=s.lr, total_steps=s.total_steps,
+                                               cycle_momentum=cycle)
+
+
+# The per-step LR schedules --scheduler names: name -> builder (None: the LR stays). A new one is a builder
+# here and its name in project.SCHEDULERS.
+SCHEDULE_BUILDERS: dict[str, Callable[[torch.optim.Optimizer, ScheduleSettings], Any]] = {
+    "none": lambda optimizer, s: None,
+    "onecycle": _one_cycle,
+    "cosine": lambda optimizer, s: WarmupCosine(
+        optimizer, s.total_steps, default_warmup(s.total_steps) if s.warmup_steps is None else s.warmup_steps),
+}
+
+
+def registries_problem(names: tuple[str, ...], builders: dict[str, Any], where: str) -> str | None:
+    """Why a registry and the names the command line offers disagree (None: they agree)."""
+    unbuilt = [name for name in names if name not in builders]
+    if unbuilt:
+        return f"{unbuilt[0]!r} is in project.{where} but has no builder in project/training/classifier.py"
+    unnamed = [name for name in builders if name not in names]
+    if unnamed:
+        return f"{unnamed[0]!r} has a builder but is not in project.{where} (project/__init__.py)"
+    return None
+
+
+_DISAGREE = registries_problem(OPTIMIZERS, OPTIMIZER_BUILDERS, "OPTIMIZERS") or \
+    registries_problem(SCHEDULERS, SCHEDULE_BUILDERS, "SCHEDULERS")
+if _DISAGREE:  # at import, in one line: before any run could train with something else
+    raise UsageError(_DISAGREE)
+
+
+def registered(registry: dict[str, T], name: str, flag: str) -> T:
+    """The builder ``name`` names, or one line listing the known names."""
+    if name not in registry:
+        raise UsageError(f"{flag} {name}: unknown; choose from {', '.join(registry)}")
+    return registry[name]
+
+
 def optimizer_and_schedule(parameters: Any, optimizer: str, lr: float, momentum: float, weight_decay: float,
                            scheduler: str, warmup_steps: int | None, total_steps: int, device: torch.device,
                            capturable: bool = False) -> tuple[torch.optim.Optimizer, Any]:
     """The run's optimizer and its per-step LR schedule (None for ``none``); the benchmark's loops use it too.
 
-    ``capturable``: Adam and AdamW read the LR from a tensor (which a captured step fills from the schedule).
+    ``capturable``: the steps may be captured (Adam and AdamW then read the LR from a tensor the step fills).
     """
-    # Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step.
-    fused = {"fused": True} if device.type == "cuda" else {}
-    adam_capturable = capturable and optimizer != "sgd"
-    rate = torch.tensor(lr, device=device) if adam_capturable else lr
-    adam_options = {"capturable": True} if adam_capturable else fused
-    if optimizer == "sgd":
-        built: torch.optim.Optimizer = torch.optim.SGD(parameters, lr=rate, momentum=momentum,
-                                                       weight_decay=weight_decay, nesterov=momentum > 0, **fused)
-        if fused and momentum > 0:
-            # Fused SGD makes its momentum buffers with empty_like at the first step: one that 16-mixed's loss
-            # scaler skips leaves them uninitialised, and the weights turn to NaN a step later. Zeros are what a
-            # first step starts from (the same weights, bit for bit).
-            for group in built.param_groups:
-                for p in group["params"]:
-                    built.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    elif optimizer == "adam":
-        built = torch.optim.Adam(parameters, lr=rate, weight_decay=weight_decay, **adam_options)
-    else:
-        built = torch.optim.AdamW(parameters, lr=rate, weight_decay=weight_decay, **adam_options)
-    if scheduler == "none":
-        return built, None
-    if scheduler == "cosine":
-        warmup = default_warmup(total_steps) if warmup_steps is None else warmup_steps
-        return built, WarmupCosine(built, total_steps, warmup)
-    # One-cycle also cycles SGD's momentum (0.95 -> 0.85 -> 0.95, PyTorch's defaults) against the LR, in place of
-    # --momentum; --momentum 0 keeps plain SGD without momentum.
-    cycle = optimizer != "sgd" or momentum > 0
-    return built, torch.optim.lr_scheduler.OneCycleLR(built, max_lr=lr, total_steps=total_steps,
-                                                      cycle_momentum=cycle)
+    build = registered(OPTIMIZER_BUILDERS, optimizer, "--optimizer")
+    schedule = registered(SCHEDULE_BUILDERS, scheduler, "--scheduler")
+    built = build(parameters, OptimizerSettings(lr, momentum, weight_decay, device, capturable))
+    return built, schedule(built, ScheduleSettings(optimizer, lr, momentum, warmup_steps, total_steps))
 
 
 class ClassifierModule(L.LightningModule):

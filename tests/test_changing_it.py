@@ -1,0 +1,73 @@
+"""Changing the engine where ``docs/adapt.md`` says to: each change made in a copy of the template (or through its
+registry) takes effect, and one made half is refused in one line before anything trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mutants import copy_template
+
+from helpers import TINY, make_tiny_data, one_line_error, run_script
+from project.errors import UsageError
+from project.training import classifier
+
+RMSPROP = '    "rmsprop": lambda parameters, s: torch.optim.RMSprop(parameters, lr=s.lr, momentum=s.momentum),\n'
+ADAMW_LINE = '    "adamw": _adam(torch.optim.AdamW),\n'
+NAMES = 'OPTIMIZERS = ("sgd", "adam", "adamw")'
+
+
+def test_an_unknown_optimizer_or_scheduler_is_one_line_naming_the_known_ones():
+    network = torch.nn.Linear(2, 2)
+    with pytest.raises(UsageError, match=r"^--optimizer rmsprop: unknown; choose from sgd, adam, adamw$"):
+        classifier.optimizer_and_schedule(network.parameters(), "rmsprop", 0.1, 0.9, 0.0, "none", None, 10,
+                                          torch.device("cpu"))
+    with pytest.raises(UsageError, match=r"^--scheduler step: unknown; choose from none, onecycle, cosine$"):
+        classifier.optimizer_and_schedule(network.parameters(), "sgd", 0.1, 0.9, 0.0, "step", None, 10,
+                                          torch.device("cpu"))
+
+
+def test_the_registries_name_what_the_command_line_offers():
+    from project import OPTIMIZERS, SCHEDULERS
+
+    assert tuple(classifier.OPTIMIZER_BUILDERS) == OPTIMIZERS and tuple(classifier.SCHEDULE_BUILDERS) == SCHEDULERS
+    assert classifier.registries_problem(("sgd", "lion"), {"sgd": None}, "OPTIMIZERS") == (
+        "'lion' is in project.OPTIMIZERS but has no builder in project/training/classifier.py")
+    assert classifier.registries_problem(("sgd",), {"sgd": None, "lion": None}, "OPTIMIZERS") == (
+        "'lion' has a builder but is not in project.OPTIMIZERS (project/__init__.py)")
+    assert classifier.registries_problem(("sgd",), {"sgd": None}, "OPTIMIZERS") is None
+
+
+@pytest.mark.parametrize(("name", "kind", "state"), [("sgd", torch.optim.SGD, "momentum_buffer"),
+                                                     ("adam", torch.optim.Adam, "exp_avg_sq"),
+                                                     ("adamw", torch.optim.AdamW, "exp_avg_sq")])
+def test_each_registered_optimizer_builds_itself(name, kind, state):
+    network = torch.nn.Linear(2, 2)
+    optimizer, schedule = classifier.optimizer_and_schedule(network.parameters(), name, 0.1, 0.9, 0.0, "onecycle",
+                                                            None, 10, torch.device("cpu"))
+    assert type(optimizer) is kind and isinstance(schedule, torch.optim.lr_scheduler.OneCycleLR)
+    network(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert state in optimizer.state[network.weight]
+
+
+@pytest.mark.slow
+def test_a_new_optimizer_is_its_builder_and_its_name_and_half_of_it_is_one_line(tmp_path):
+    template = copy_template(tmp_path / "template")
+    names, builders = template / "project" / "__init__.py", template / "project" / "training" / "classifier.py"
+    names.write_text(names.read_text().replace(NAMES, NAMES.replace('"adamw")', '"adamw", "rmsprop")')))
+    plain = builders.read_text()
+    assert plain.count(ADAMW_LINE) == 1
+    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+    arguments = ("--optimizer", "rmsprop", "--max-epochs", "1", "--data-dir", str(data), "--logdir", str(logs), *TINY)
+    # The name alone: refused before anything trains, naming the file to edit.
+    half = run_script("train.py", *arguments, root=template)
+    assert half.returncode == 2
+    assert one_line_error(half.stderr).endswith("'rmsprop' is in project.OPTIMIZERS but has no builder in "
+                                                "project/training/classifier.py")
+    assert not logs.exists()
+    builders.write_text(plain.replace(ADAMW_LINE, ADAMW_LINE + RMSPROP))
+    done = run_script("train.py", *arguments, root=template)
+    assert done.returncode == 0, done.stderr
+    last = next(logs.glob("*/version_0/checkpoints/last.ckpt"))
+    state = torch.load(last, weights_only=True)["optimizer_states"][0]["state"]
+    assert all("square_avg" in per_parameter for per_parameter in state.values())  # RMSprop's, no other's
