@@ -621,6 +621,10 @@ MUTANTS = (
            'pl_module.stepper.follow(trainer, StepTimes(statistics.median(g.step_seconds for g in self._groups),',
            'pl_module.stepper.follow(trainer, StepTimes(self._groups[-1].step_seconds,',
            ("tests/test_steps_per_call.py::test_a_moment_of_load_in_one_group_moves_nothing",)),
+    Mutant('group-unpicklable', "the grouped callbacks reach ddp_spawn's processes",
+           'project/training/callbacks.py', 'setattr(self, hook, _calling_each(takers))',
+           'setattr(self, hook, lambda *args, _hooks=takers, **kwargs: [h(*args, **kwargs) for h in _hooks] and None)',
+           ("tests/test_callbacks.py::test_a_group_pickles_with_its_members_as_ddp_spawn_sends_it",)),
 )
 
 

@@ -400,3 +400,15 @@ def test_the_templates_callbacks_run_grouped_and_are_found_in_their_group(tmp_pa
         assert nothing is None
     profiled = build_trainer(config.replace(trainer={"profiler": "simple"}))
     assert type(profiled.profiler).__name__ == "SimpleProfiler"  # --trainer.profiler still profiles
+
+
+def test_a_group_pickles_with_its_members_as_ddp_spawn_sends_it():
+    import pickle
+
+    group = cb.CallbackGroup([cb.EpochStats(), cb.FiniteLossGuard()])
+    copy = pickle.loads(pickle.dumps(group))
+    copy.on_train_batch_end(types.SimpleNamespace(global_step=1), None, torch.tensor(0.5), (None, [1, 2, 3]), 0)
+    assert copy.members[0]._samples == 3 and group.members[0]._samples == 0  # the copy's own members
+    with pytest.raises(NonFiniteLossError):
+        copy.on_train_batch_end(types.SimpleNamespace(global_step=2, current_epoch=0), None,
+                                torch.tensor(float("nan")), (None, [1]), 1)

@@ -63,8 +63,9 @@ class RunningAccuracy(Metric):
         self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
-        self.correct += (scores.argmax(dim=1) == target).sum()
-        self.total += target.numel()
+        # In place: no new tensors to set through nn.Module's __setattr__ at every training step.
+        self.correct.add_((scores.argmax(dim=1) == target).sum())
+        self.total.add_(target.numel())
 
     def compute(self) -> torch.Tensor:
         return self.correct.float() / self.total.clamp(min=1)

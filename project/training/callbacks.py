@@ -167,11 +167,13 @@ class CallbackGroup(Callback):
                 setattr(self, hook, _calling_each(takers))  # on this instance: shadows Callback's no-op
 
 
-def _calling_each(hooks: list[Any]) -> Any:
-    def call(*args: Any, **kwargs: Any) -> None:
-        for hook in hooks:
+class _calling_each:  # noqa: N801  (a function that pickles: ddp_spawn sends the callbacks to its processes)
+    def __init__(self, hooks: list[Any]) -> None:
+        self.hooks = hooks
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        for hook in self.hooks:
             hook(*args, **kwargs)
-    return call
 
 
 def groupable(callback: Callback) -> bool:
