@@ -93,8 +93,8 @@ MUTANTS = (
            "        if broken and False:\n            raise NonFiniteLossError(",
            ("tests/test_gpu_toolkit.py::test_non_finite_weights_are_never_saved_even_when_the_loss_was_finite",)),
     Mutant("best-by-name", "'best' is the checkpoint with the best recorded score",
-           "project/reliability/run_folder.py", '    checkpoints = folder / "checkpoints"\n',
-           '    checkpoints = folder / "checkpoints"\n    return max(checkpoints.glob("best-*.ckpt"), default=None)\n',
+           "project/reliability/run_folder.py", '    checkpoints = folder / CHECKPOINTS\n',
+           '    checkpoints = folder / CHECKPOINTS\n    return max(checkpoints.glob("best-*.ckpt"), default=None)\n',
            ("tests/test_choosing_runs.py::test_best_is_the_recorded_best_score_not_the_last_name",)),
     Mutant("newest-by-version-number", "the newest run is the one that started last, whatever its name",
            "project/reliability/run_folder.py", "key=lambda info: info.started, reverse=True)",
@@ -622,9 +622,13 @@ MUTANTS = (
            'pl_module.stepper.follow(trainer, StepTimes(self._groups[-1].step_seconds,',
            ("tests/test_steps_per_call.py::test_a_moment_of_load_in_one_group_moves_nothing",)),
     Mutant('group-unpicklable', "the grouped callbacks reach ddp_spawn's processes",
-           'project/training/callbacks.py', 'setattr(self, hook, _calling_each(takers))',
+           'project/training/callbacks.py', 'setattr(self, hook, _EachHook(takers))',
            'setattr(self, hook, lambda *args, _hooks=takers, **kwargs: [h(*args, **kwargs) for h in _hooks] and None)',
            ("tests/test_callbacks.py::test_a_group_pickles_with_its_members_as_ddp_spawn_sends_it",)),
+    Mutant('last-checkpoint-named-twice', "the checkpoint files are named in one place",
+           'project/reliability/run_folder.py', '    return run / CHECKPOINTS / f"{LAST}.ckpt"',
+           '    return run / CHECKPOINTS / "last.ckpt"',
+           ("tests/test_changing_it.py::test_the_checkpoint_files_are_renamed_in_one_place",)),
 )
 
 

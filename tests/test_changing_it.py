@@ -71,3 +71,28 @@ def test_a_new_optimizer_is_its_builder_and_its_name_and_half_of_it_is_one_line(
     last = next(logs.glob("*/version_0/checkpoints/last.ckpt"))
     state = torch.load(last, weights_only=True)["optimizer_states"][0]["state"]
     assert all("square_avg" in per_parameter for per_parameter in state.values())  # RMSprop's, no other's
+
+
+@pytest.mark.slow
+def test_the_checkpoint_files_are_renamed_in_one_place(tmp_path):
+    """``LAST`` and ``BEST`` in ``project/reliability/run_folder.py``: the run writes them, ``--resume last`` and
+    ``runs.py`` find them, and no file of the old names is written."""
+    template = copy_template(tmp_path / "template")
+    names = template / "project" / "reliability" / "run_folder.py"
+    text = names.read_text()
+    assert text.count('LAST = "last"') == 1 and text.count('BEST = "best"') == 1
+    names.write_text(text.replace('LAST = "last"', 'LAST = "newest"').replace('BEST = "best"', 'BEST = "top"'))
+    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+    common = ("--data-dir", str(data), "--logdir", str(logs), *TINY)
+    first = run_script("train.py", "--max-epochs", "1", *common, root=template)
+    assert first.returncode == 0, first.stderr
+    saved = sorted(p.name for p in logs.glob("*/version_0/checkpoints/*.ckpt"))
+    assert saved[0] == "newest.ckpt" and all(name.startswith("top-epoch00-acc") for name in saved[1:]), saved
+    listed = run_script("runs.py", "--logdir", str(logs), root=template)
+    assert listed.returncode == 0 and "top-epoch00-acc" in listed.stdout, listed.stdout + listed.stderr
+    # --resume last finds newest.ckpt (here refused in one line, naming it: a resume keeps the run's epochs).
+    resumed = run_script("train.py", "--max-epochs", "2", "--resume", "last", *common, root=template)
+    assert resumed.returncode == 1  # a refusal the run's own checks make
+    assert one_line_error(resumed.stderr).endswith("--init-from " + str(next(logs.glob("*/version_0/checkpoints/"
+                                                                                        "newest.ckpt"))))
+    assert not list(logs.glob("**/last.ckpt")) and not list(logs.glob("**/best-*.ckpt"))

@@ -104,4 +104,5 @@ def test_the_benchmark_runs_on_the_files(disk_run, tmp_path):
     assert rows["template-k1"]["vs_hand_samples"] == pytest.approx(rows["template-k1"]["epoch_s"]
                                                                    / rows["hand-samples"]["epoch_s"])
     table = (tmp_path / "benchmark.md").read_text()
-    assert "DataLoader workers 1;" in table and "| vs hand per-sample | waits for data |" in table
+    assert "DataLoader workers 1;" in table and "| vs hand per-sample | vs bare Lightning | waits for data |" in table
+    assert rows["template-k1"]["vs_bare"] == pytest.approx(rows["template-k1"]["step_us"] / rows["bare"]["step_us"])

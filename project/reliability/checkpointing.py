@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project import internals
 from project.contract import RECIPE_VARIABLE, Recipe
 from project.errors import CheckpointError, NonFiniteLossError, first_line, not_a_regular_file
+from project.reliability.run_folder import LAST
 
 
 def write_error(err: RuntimeError, path: Path, written: int) -> OSError:
@@ -83,7 +84,7 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, every_n_train_steps: int | None = None) -> None:
-        super().__init__(filename="last", save_top_k=1, enable_version_counter=False, save_on_exception=True,
+        super().__init__(filename=LAST, save_top_k=1, enable_version_counter=False, save_on_exception=True,
                          every_n_train_steps=every_n_train_steps)
         self.refresh_every_n_steps = every_n_train_steps
         self._started_at: int | None = None

@@ -46,7 +46,7 @@ class Resume:
     @property
     def run_folder(self) -> Path | None:
         """``LOGDIR/NAME/VERSION`` when the checkpoint lies in a run's ``checkpoints/`` folder."""
-        return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
+        return self.path.parent.parent if self.path.parent.name == run_folder.CHECKPOINTS else None
 
 
 def checkpoint_to_resume(config: RunConfig, recipe: Recipe, planned_steps: int | None = None,
@@ -97,7 +97,7 @@ def _checkpoint_named(config: RunConfig) -> Path | None:
         if not config.run_version:
             raise UsageError("--resume auto continues the run --run-version names (as slurm/train.sbatch does); "
                              "add --run-version NAME")
-        path = Path(config.logdir) / config.name / config.run_version / "checkpoints" / "last.ckpt"
+        path = run_folder.last_checkpoint(Path(config.logdir) / config.name / config.run_version)
         return path if path.is_file() else None
     return Path(RunFolder.checkpoint(config.resume, config.logdir, config.name, "--resume")[0])
 
@@ -197,7 +197,7 @@ def continue_in_its_folder(config: RunConfig, resume: Resume | None) -> dict[str
         return {**taken, **(_folder_settings(folder, resume) if folder else {})}
     run_folder.own(folder, "--resume")  # before anything in it changes: a run still training there is refused
     RunFolder(folder).refuse_if_damaged()  # and one whose records are damaged
-    if not os.access(folder, os.W_OK) or not os.access(folder / "checkpoints", os.W_OK):
+    if not os.access(folder, os.W_OK) or not os.access(folder / run_folder.CHECKPOINTS, os.W_OK):
         raise UsageError(f"--resume: cannot write in {folder} (no permission): a resumed run continues in its own "
                          "folder; make it writable, or start a new run from its weights with --init-from")
     done = finished_results(folder)

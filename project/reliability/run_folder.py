@@ -36,11 +36,20 @@ if TYPE_CHECKING:  # runs.py lists run folders without importing torch or Lightn
 RUN_RECORD = "run.json"
 RESULTS = "results.json"
 LOCK = ".run.lock"
-BEST_NAME = re.compile(r"acc(\d+\.\d+)")  # a checkpoint's score in its file name, for runs before run.json
+CHECKPOINTS = "checkpoints"  # a run's checkpoint folder (Lightning's default place for them)
+LAST = "last"  # last.ckpt: the newest training state, what a resume reads
+BEST = "best"  # the best checkpoints: best-epochEE-accA.AAAA.ckpt
+BEST_FILENAME = BEST + "-epoch{epoch:02d}-acc{val/acc:.4f}"  # ModelCheckpoint's pattern for them
+BEST_NAME = re.compile(r"acc(\d+\.\d+)")  # a best checkpoint's score in its file name, for runs before run.json
 STATES = ("running", "finished", "stopped", "failed")
 # Trainer arguments that make a run a smoke test: its numbers are not a model's.
 LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "max_steps", "overfit_batches")
 LATEST_TIME = 1e10  # 2286: a start time past it is not one a clock wrote
+
+
+def last_checkpoint(run: Path) -> Path:
+    """A run folder's ``last.ckpt``."""
+    return run / CHECKPOINTS / f"{LAST}.ckpt"
 
 
 class DamagedRecord(UsageError):
@@ -333,13 +342,13 @@ def best_checkpoint(folder: Path, record: dict[str, Any] | None = None,
                     results: dict[str, Any] | None = None) -> Path | None:
     """The run's best checkpoint by the score it recorded (``run.json``, else ``results.json``), else by the scores
     in the file names (runs written before ``run.json``); None if it has none."""
-    checkpoints = folder / "checkpoints"
+    checkpoints = folder / CHECKPOINTS
     for source in (record if record is not None else read_run_record(folder),
                    results if results is not None else read_results(folder)):
         named = source.get("best_checkpoint")
         if named and (checkpoints / Path(named).name).is_file():  # a moved folder: the same file, here
             return checkpoints / Path(named).name
-    scored = [(float(m.group(1)), p) for p in checkpoints.glob("best-*.ckpt") if (m := BEST_NAME.search(p.name))]
+    scored = [(float(m.group(1)), p) for p in checkpoints.glob(f"{BEST}-*.ckpt") if (m := BEST_NAME.search(p.name))]
     if scored:
         return max(scored, key=lambda pair: (pair[0], pair[1].stat().st_mtime))[1]
     return None
@@ -350,7 +359,7 @@ def checkpoint_of(spec: str, logdir: str | os.PathLike, name: str, flag: str) ->
     if spec not in ("best", "last"):
         return Path(spec), None
     run = newest_run(logdir, name, spec, flag)
-    path = run.best if spec == "best" else run.folder / "checkpoints" / "last.ckpt"
+    path = run.best if spec == "best" else last_checkpoint(run.folder)
     assert path is not None
     return path, run
 
@@ -359,12 +368,12 @@ def _has(run: RunInfo, need: str) -> bool:
     if run.state == "damaged":
         return False
     if need == "last":
-        return (run.folder / "checkpoints" / "last.ckpt").is_file()
+        return last_checkpoint(run.folder).is_file()
     return run.best is not None
 
 
 def _is_run(folder: Path) -> bool:
-    return any((folder / marker).exists() for marker in (RUN_RECORD, "checkpoints", "config.yaml", "results.json"))
+    return any((folder / marker).exists() for marker in (RUN_RECORD, CHECKPOINTS, "config.yaml", RESULTS))
 
 
 def _first_written(folder: Path) -> float:
@@ -461,7 +470,7 @@ def start_over_in(folder: Path) -> None:
     if done is not None:
         raise NothingToDo(f"{folder} is finished (test/acc {done.get('test/acc', float('nan')):.4f}, weights "
                           f"{done['weights']}); nothing to resume, nothing written")
-    for stale in sorted((folder / "checkpoints").glob("*.ckpt")):
+    for stale in sorted((folder / CHECKPOINTS).glob("*.ckpt")):
         stale.unlink()
     remove_partial_files(folder)
     roll_back_logs(folder, 0)
@@ -548,7 +557,7 @@ def _step_of(row: list[str], column: int) -> float:
 
 def remove_partial_files(folder: Path) -> None:
     """Temporary files a killed save left behind (``.last.ckpt.XXXX.tmp``)."""
-    for sub in (folder, folder / "checkpoints"):
+    for sub in (folder, folder / CHECKPOINTS):
         if sub.is_dir():
             for path in sub.glob(".*.tmp"):
                 path.unlink(missing_ok=True)
@@ -623,7 +632,7 @@ class RunFolder:
         """A new run that Lightning's own checks refused leaves no folder behind (one with a checkpoint stays)."""
         import shutil
 
-        if self.path.is_dir() and not (self.path / "checkpoints").exists():
+        if self.path.is_dir() and not (self.path / CHECKPOINTS).exists():
             shutil.rmtree(self.path, ignore_errors=True)
 
     @classmethod
@@ -741,7 +750,7 @@ class RunFolder:
 
     @property
     def last_checkpoint(self) -> Path | None:
-        path = self.path / "checkpoints" / "last.ckpt"
+        path = last_checkpoint(self.path)
         return path if path.is_file() else None
 
     @staticmethod

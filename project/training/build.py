@@ -29,6 +29,7 @@ from project.errors import UsageError, first_line
 from project.internals import file_writer
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.cluster import cluster_plugins
+from project.reliability.run_folder import BEST_FILENAME
 from project.results.figures import ModelInTensorBoard, TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
@@ -192,7 +193,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
     if config.trainer.get("enable_checkpointing", True):
         callbacks += [
             ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=config.save_top_k,
-                            filename="best-epoch{epoch:02d}-acc{val/acc:.4f}", auto_insert_metric_name=False),
+                            filename=BEST_FILENAME, auto_insert_metric_name=False),
             # Not save_last=True: Lightning writes that only when the best improves, and a
             # resume needs the newest state whether or not it was the best.
             LastCheckpoint(every_n_train_steps=config.checkpoint_every_n_steps),

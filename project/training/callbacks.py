@@ -164,10 +164,13 @@ class CallbackGroup(Callback):
         for hook in HOOKS:
             takers = [getattr(m, hook) for m in self.members if getattr(type(m), hook) is not getattr(Callback, hook)]
             if takers:
-                setattr(self, hook, _calling_each(takers))  # on this instance: shadows Callback's no-op
+                setattr(self, hook, _EachHook(takers))  # on this instance: shadows Callback's no-op
 
 
-class _calling_each:  # noqa: N801  (a function that pickles: ddp_spawn sends the callbacks to its processes)
+class _EachHook:
+    """Calls each of ``hooks`` in turn; an object, not a closure, so that it pickles (``ddp_spawn`` sends the
+    callbacks to its processes)."""
+
     def __init__(self, hooks: list[Any]) -> None:
         self.hooks = hooks
 

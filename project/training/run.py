@@ -30,7 +30,7 @@ from project.hardware.devices import (
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.cluster import DdpJobEnd
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
-from project.reliability.run_folder import RunFolder
+from project.reliability.run_folder import RunFolder, last_checkpoint
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.results.export import check_exportable, save_program
 from project.training.build import (
@@ -399,7 +399,7 @@ def failed_write(err: OSError, run_folder: Path | None, kept: str | None = None)
     way on from there."""
     where = f" {err.filename}" if err.filename else " the run's files"
     fix = "raise the file size limit (ulimit -f)" if err.errno == errno.EFBIG else "free space"
-    last = run_folder / "checkpoints" / "last.ckpt" if run_folder is not None else None
+    last = last_checkpoint(run_folder) if run_folder is not None else None
     if kept is None and (last is None or not last.is_file()):
         return (f"cannot write{where} ({err.strerror or err}); no checkpoint was written yet, nothing to resume: "
                 f"{fix} and start the run again")
