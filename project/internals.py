@@ -8,7 +8,11 @@ public API.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import torch
 
@@ -37,6 +41,16 @@ TOUCHED = (
     ("optuna FrozenTrial", "_trial_id"),
     ("lightning launchers", "_SubprocessScriptLauncher"),
     ("lightning launchers", "_MultiProcessingLauncher"),
+    ("lightning ModelCheckpoint", "_every_n_train_steps"),
+    ("lightning ModelCheckpoint", "_should_skip_saving_checkpoint"),
+    ("lightning ModelCheckpoint", "_save_topk_checkpoint"),
+    ("lightning ModelCheckpoint", "_monitor_candidates"),
+    ("lightning TensorBoardLogger", "_experiment"),
+    ("lightning CSVLogger", "_experiment"),
+    ("lightning lr_finder", "tqdm"),
+    ("torchmetrics Metric", "_defaults"),
+    ("torchmetrics Metric", "_update_count"),
+    ("os", "_exit"),
 )
 
 # Where a Lightning 2 checkpoint keeps the fit loop's counts (``checkpoint["loops"]["fit_loop"]``).
@@ -70,6 +84,11 @@ def count_logged_steps(trainer: Any, extra: int) -> None:
 def manual_step_progress(trainer: Any) -> Any:
     """The optimizer-step counts Lightning keeps under manual optimisation (``trainer.global_step`` reads them)."""
     return trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+
+
+def batches_done_this_epoch(trainer: Any) -> int:
+    """The training batches this rank has finished in the current epoch, as Lightning counts them for a resume."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
 def validation_due(trainer: Any) -> bool:
@@ -122,3 +141,48 @@ def spawns_ranks(launcher: Any) -> bool:
 def trial_id(trial: Any) -> int:
     """An Optuna trial's key in its storage (the storage API takes it; the trial shows only its number)."""
     return int(trial._trial_id)
+
+
+def saves_every_n_steps(checkpoint: Any) -> bool:
+    """Whether a ``ModelCheckpoint`` was made with ``every_n_train_steps`` (it keeps the number to itself)."""
+    return bool(checkpoint._every_n_train_steps)
+
+
+def save_now(checkpoint: Any, trainer: Any) -> None:
+    """Save as a ``ModelCheckpoint`` saves at one of its steps, under its own rules for skipping a save."""
+    if not checkpoint._should_skip_saving_checkpoint(trainer):
+        checkpoint._save_topk_checkpoint(trainer, checkpoint._monitor_candidates(trainer))
+
+
+def opened_experiment(logger: Any) -> Any:
+    """A Lightning logger's writer if it has made one, else None (its ``experiment`` property makes one)."""
+    return logger._experiment
+
+
+@contextmanager
+def lr_finder_bars_disabled() -> Iterator[None]:
+    """The LR finder's tqdm bars, disabled while it runs: its module's ``tqdm`` is the only handle on them
+    (``TQDM_DISABLE`` is read once, when tqdm is imported)."""
+    from lightning.pytorch.tuner import lr_finder
+
+    drawing = lr_finder.tqdm
+    lr_finder.tqdm = functools.partial(drawing, disable=True)
+    try:
+        yield
+    finally:
+        lr_finder.tqdm = drawing
+
+
+def metric_state_names(metric: Any) -> list[str]:
+    """The states a torchmetrics ``Metric`` registered with ``add_state`` (what its ``reset`` restores)."""
+    return list(metric._defaults)
+
+
+def count_metric_updates(metric: Any, updates: int) -> None:
+    """Count ``updates`` more calls of ``update``, as that many calls would (``compute`` warns on none)."""
+    metric._update_count += updates
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process at once, running no handlers: a second Ctrl-C must not wait for the first one's cleanup."""
+    os._exit(code)

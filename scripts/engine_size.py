@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """How much a reader must read: the engine's lines (``project/`` less the recipe), and the project's files one
-default training run imports (``python -X importtime scripts/train.py --fast-dev-run`` on the recipe's example data).
+default training run loads (``train.py --fast-dev-run`` on the recipe's example data, read from ``sys.modules``).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -58,8 +58,37 @@ def engine_lines(project: Path = ROOT / "project") -> EngineLines:
     return EngineLines(len(files), total, docstrings, comments, blank)
 
 
-def files_a_run_imports() -> list[str]:
-    """The project's modules a default ``train.py --fast-dev-run`` imports, in import order."""
+# Run in a fresh interpreter: the default run, then the project's modules it left in ``sys.modules``
+# (``-X importtime`` misses those loaded with ``importlib.import_module``, as the recipe's are).
+LOADED_BY_A_RUN = """
+import json, runpy, sys
+from pathlib import Path
+script, out, root = sys.argv[1:4]
+sys.argv = [script, *sys.argv[4:]]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as stop:
+    if stop.code not in (0, None):
+        raise
+from project.contract import RECIPE_VARIABLE, DEFAULT_RECIPE
+import os
+recipe = Path(sys.modules[os.environ.get(RECIPE_VARIABLE, DEFAULT_RECIPE)].__file__).resolve().parent
+files = {Path(module.__file__).resolve() for module in list(sys.modules.values()) if getattr(module, "__file__", None)}
+Path(out).write_text(json.dumps(sorted((str(path), path.is_relative_to(recipe)) for path in files
+                                       if path.is_relative_to(Path(root, "project")) or path.is_relative_to(recipe))))
+"""
+
+
+@dataclass(frozen=True)
+class LoadedFile:
+    path: str  # relative to the template's root where it lies inside it
+    lines: int
+    in_recipe: bool
+
+
+def files_a_run_loads() -> list[LoadedFile]:
+    """The project's files and the installed recipe's in ``sys.modules`` after a default ``train.py --fast-dev-run``
+    on the recipe's example data."""
     with tempfile.TemporaryDirectory(prefix="engine-size-") as scratch:
         write = ("import sys, pathlib; from project.contract import installed_recipe; "
                  "installed_recipe().write_example_data(pathlib.Path(sys.argv[1]))")
@@ -69,23 +98,29 @@ def files_a_run_imports() -> list[str]:
         if written.returncode != 0:
             said = written.stderr.strip().splitlines() or ["?"]
             raise UserError(f"the recipe's example data could not be written: {said[-1]}")
-        done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "train.py"), "--fast-dev-run",
-                               "--data-dir", scratch, "--val-size", "0.2", "--logdir",
-                               str(Path(scratch) / "logs")],
+        listing = Path(scratch) / "loaded.json"
+        done = subprocess.run([sys.executable, "-c", LOADED_BY_A_RUN, str(ROOT / "scripts" / "train.py"),
+                               str(listing), str(ROOT), "--fast-dev-run", "--data-dir", scratch, "--val-size", "0.2",
+                               "--logdir", str(Path(scratch) / "logs")],
                               capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    if done.returncode != 0:
-        said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")] or ["?"]
-        raise UserError(f"the run failed: {said[-1]}")
-    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(project(?:\.\w+)*)\s*$", done.stderr, re.MULTILINE)
-    return list(dict.fromkeys(name for name in names if not name.startswith("project.recipe")))
+        if done.returncode != 0 or not listing.is_file():
+            said = done.stderr.strip().splitlines() or ["?"]
+            raise UserError(f"the run failed: {said[-1]}")
+        found = [(Path(path), in_recipe) for path, in_recipe in json.loads(listing.read_text())]
+    return [LoadedFile(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+                       len(path.read_text(encoding="utf-8").splitlines()), in_recipe) for path, in_recipe in found]
 
 
 def main() -> int:
     lines = engine_lines()
     print(f"engine: {lines.total} lines in {lines.files} files (project/ less project/recipe/): {lines.code} of code, "
           f"{lines.docstrings} of docstrings, {lines.comments} of comments, {lines.blank} blank")
-    imported = files_a_run_imports()
-    print(f"a default run imports {len(imported)} of the engine's files: {' '.join(imported)}")
+    loaded = files_a_run_loads()
+    recipe = [file for file in loaded if file.in_recipe]
+    print(f"a default run loads {len(loaded)} of the project's files, {sum(f.lines for f in loaded):,} lines "
+          f"(the recipe's {len(recipe)} files and {sum(f.lines for f in recipe):,} lines among them):")
+    for file in loaded:
+        print(f"{file.lines:7,}  {file.path}")
     return 0
 
 

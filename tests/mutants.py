@@ -115,7 +115,7 @@ MUTANTS = (
            "project/errors.py", "    return _KEY_VALUE.sub(", "    return text or _KEY_VALUE.sub(",
            ("tests/test_outputs.py::test_a_run_started_from_a_command_with_credentials_writes_none",)),
     Mutant("lr-finder-bar-in-a-log", "no progress bar in a log, the tuners' included",
-           "project/training/tuning.py", "lr_finder.tqdm = functools.partial(drawing, disable=True)",
+           "project/internals.py", "lr_finder.tqdm = functools.partial(drawing, disable=True)",
            "lr_finder.tqdm = drawing",
            ("tests/test_outputs.py::test_the_tuners_draw_no_bar_into_a_log",)),
     Mutant("resume-auto-overwrites-a-finished-run", "--resume auto never replaces a finished run's outputs",
@@ -629,6 +629,14 @@ MUTANTS = (
            'project/reliability/run_folder.py', '    return run / CHECKPOINTS / f"{LAST}.ckpt"',
            '    return run / CHECKPOINTS / "last.ckpt"',
            ("tests/test_changing_it.py::test_the_checkpoint_files_are_renamed_in_one_place",)),
+    Mutant('epoch-end-not-saved', "last.ckpt holds the end of every epoch, whatever --checkpoint-every-n-steps",
+           'project/reliability/checkpointing.py', '            internals.save_now(self, trainer)',
+           '            pass',
+           ("tests/test_reliability.py::test_no_checkpoint_is_taken_where_a_validation_is_due",)),
+    Mutant('noise-filter-per-run', "a sweep's trials add no logging filter each",
+           'project/training/callbacks.py',
+           'if not any(isinstance(kept, _DropAdverts) for kept in handler.filters):', 'if True:',
+           ("tests/test_callbacks.py::test_the_known_noise_is_silenced_and_nothing_else",)),
 )
 
 

@@ -1,9 +1,12 @@
-"""``scripts/engine_size.py``'s count of the engine's lines, on a tree written by hand."""
+"""``scripts/engine_size.py``: its count of the engine's lines, on a tree written by hand, and of the files a real
+default run loads."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+
+import pytest
 
 from helpers import ROOT
 
@@ -47,3 +50,20 @@ def test_the_engines_lines_are_counted_by_kind_and_the_recipe_left_out(tmp_path)
     lines = engine_size.engine_lines(tmp_path)
     assert (lines.files, lines.total, lines.docstrings, lines.comments, lines.blank, lines.code) == (
         2, 22, 9, 1, 7, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "folder"), [("project.recipe", "project/recipe/"), ("tests.tiny_recipe", "tests/")])
+def test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included(monkeypatch, recipe, folder):
+    monkeypatch.setenv("PROJECT_RECIPE", recipe)
+    loaded = engine_size.files_a_run_loads()
+    paths = [file.path for file in loaded]
+    assert "project/training/run.py" in paths
+    assert "project/results/evaluation.py" not in paths  # what a run does not load is not counted
+    assert paths == sorted(set(paths))
+    # The recipe's modules come through importlib.import_module, which -X importtime does not log.
+    recipe_files = [file.path for file in loaded if file.in_recipe]
+    assert len(recipe_files) >= 2 and all(path.startswith(folder) for path in recipe_files)
+    assert all(path.startswith(("project/", folder)) for path in paths)
+    for file in loaded:
+        assert file.lines == len((ROOT / file.path).read_text().splitlines())

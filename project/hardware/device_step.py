@@ -71,13 +71,13 @@ class RunningAccuracy(Metric):
         return self.correct.float() / self.total.clamp(min=1)
 
     def reset(self) -> None:
-        kept = {name: getattr(self, name) for name in self._defaults}
+        kept = {name: getattr(self, name) for name in internals.metric_state_names(self)}
         super().reset()
         for name, tensor in kept.items():
             setattr(self, name, tensor.zero_())
 
     def replayed(self, updates: int) -> None:
-        self._update_count += updates
+        internals.count_metric_updates(self, updates)
 
 
 def schedule_table(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> torch.Tensor:

@@ -104,8 +104,8 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
         # With every_n_train_steps, Lightning saves only at those steps; the end of every epoch
         # (and so of training) belongs in last.ckpt too.
-        if self._every_n_train_steps and not self._should_skip_saving_checkpoint(trainer):
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        if internals.saves_every_n_steps(self):
+            internals.save_now(self, trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, (NonFiniteLossError, OSError)) or trainer.global_step == self._started_at \

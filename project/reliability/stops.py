@@ -11,7 +11,6 @@ rank stops them all after the same step. A second Ctrl-C stops at once.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import Terminated
-from project.internals import stop_as_on_sigterm
+from project.internals import exit_now, stop_as_on_sigterm
 from project.reliability.checkpointing import validation_due
 from project.reliability.cluster import job_to_requeue, requeue
 
@@ -43,7 +42,7 @@ class StopSignals:
     def note(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             print("\ninterrupted again: stopping now", file=sys.stderr, flush=True)
-            os._exit(128 + signal.SIGINT)
+            exit_now(128 + signal.SIGINT)
         self.received = self.received or signum
 
     def install(self) -> None:

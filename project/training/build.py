@@ -26,7 +26,7 @@ from project.config.schema import LOGGERS, RunConfig
 from project.config.validators import names_from
 from project.contract import Recipe
 from project.errors import UsageError, first_line
-from project.internals import file_writer
+from project.internals import file_writer, opened_experiment
 from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from project.reliability.cluster import cluster_plugins
 from project.reliability.run_folder import BEST_FILENAME
@@ -124,8 +124,8 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        if self._experiment is not None:
-            self._experiment.flush()
+        if (writer := opened_experiment(self)) is not None:
+            writer.flush()
         if status == "success":
             self.save()
 
@@ -149,8 +149,8 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
 
     @rank_zero_only
     def close(self) -> None:
-        if self._experiment is not None:
-            self._experiment.close()
+        if (writer := opened_experiment(self)) is not None:
+            writer.close()
 
 
 class AppendingCSVLogger(CSVLogger):
@@ -160,8 +160,8 @@ class AppendingCSVLogger(CSVLogger):
 
     @property
     def experiment(self) -> Any:
-        if self._experiment is not None:
-            return self._experiment
+        if (writer := opened_experiment(self)) is not None:
+            return writer
         path = Path(self.log_dir) / "metrics.csv"
         kept = path.read_bytes() if path.is_file() else None
         writer = super().experiment

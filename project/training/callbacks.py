@@ -56,7 +56,8 @@ def quiet_known_warnings() -> None:
         warnings.filterwarnings("ignore", message=message)
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
-            handler.addFilter(_DropAdverts())
+            if not any(isinstance(kept, _DropAdverts) for kept in handler.filters):  # once, however many runs
+                handler.addFilter(_DropAdverts())
     # --compile on a machine without CUDA: inductor says it found no CUDA runtime, which the run knows.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 

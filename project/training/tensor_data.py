@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset, random_split
 
-from project import EVAL_BATCH_SIZE
+from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
 from project.errors import DataError, UsageError
 
@@ -566,7 +566,7 @@ class TensorDataModule(L.LightningDataModule):
         if isinstance(batches, EpochBatches):  # counted in optimizer steps, whichever K took them
             done = (trainer.global_step - batches.epoch_start_step) * trainer.accumulate_grad_batches
             return {**position, "samples_done": min(done * self.batch_size, batches.size)}
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # on this rank, under DDP
+        done = internals.batches_done_this_epoch(trainer)  # on this rank, under DDP
         return {**position, "samples_done": done * self.batch_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from project import internals
 from project.config.schema import RunConfig
 from project.config.validators import learning_rate
 from project.errors import UsageError
@@ -120,20 +120,13 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
 
 @contextmanager
 def bars_only_on_a_terminal(trainer: L.Trainer) -> Iterator[None]:
-    """The LR finder draws its own tqdm bar, whatever the Trainer's: in a log (not a terminal) that is one line of
-    carriage returns many kilobytes long. Its module's ``tqdm`` is the only handle on it (``TQDM_DISABLE`` is read
-    once, when tqdm is imported), so while the tuners run it makes disabled bars."""
+    """The LR finder draws its own progress bar, whatever the Trainer's: in a log (not a terminal) that is one line
+    of carriage returns many kilobytes long, so without the Trainer's bar the tuners run with it disabled."""
     if trainer.progress_bar_callback is not None:
         yield
         return
-    from lightning.pytorch.tuner import lr_finder
-
-    drawing = lr_finder.tqdm
-    lr_finder.tqdm = functools.partial(drawing, disable=True)
-    try:
+    with internals.lr_finder_bars_disabled():
         yield
-    finally:
-        lr_finder.tqdm = drawing
 
 
 def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
