@@ -637,6 +637,9 @@ MUTANTS = (
            'project/training/callbacks.py',
            'if not any(isinstance(kept, _DropAdverts) for kept in handler.filters):', 'if True:',
            ("tests/test_callbacks.py::test_the_known_noise_is_silenced_and_nothing_else",)),
+    Mutant('in-memory-augment-ignored', "an augment the recipe's data never passes through is refused, not ignored",
+           'project/training/tensor_data.py', 'if not self.per_sample and own.augment is not None:', 'if False:',
+           ("tests/test_changing_it.py::test_an_augment_on_mnist_held_in_memory_is_refused_by_the_api_and_the_checks",)),
 )
 
 

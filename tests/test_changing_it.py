@@ -96,3 +96,42 @@ def test_the_checkpoint_files_are_renamed_in_one_place(tmp_path):
     assert one_line_error(resumed.stderr).endswith("--init-from " + str(next(logs.glob("*/version_0/checkpoints/"
                                                                                         "newest.ckpt"))))
     assert not list(logs.glob("**/last.ckpt")) and not list(logs.glob("**/best-*.ckpt"))
+
+
+IN_MEMORY_AUGMENT = ("MNISTDataModule defines augment, but it holds its training set in memory (load_tensors), where "
+                     "nothing augments: read it per sample (load_samples alone) to augment it, or remove augment")
+
+
+def test_an_augment_on_mnist_held_in_memory_is_refused_by_the_api_and_the_checks(tmp_path, monkeypatch):
+    """MNIST's recipe holds its images in memory: an ``augment`` there would never run, so it is refused, not
+    reported as checked."""
+    from project import api
+    from project.config.schema import RunConfig
+    from project.contract import RecipeError, load_recipe
+    from project.recipe.data import MNISTDataModule
+    from project.training.recipe_checks import check_recipe
+
+    recipe = load_recipe("project.recipe")
+    config = RunConfig.for_recipe(recipe, data_dir=str(recipe.write_example_data(tmp_path / "data")),
+                                  logdir=str(tmp_path / "logs"), max_epochs=1)
+    monkeypatch.setattr(MNISTDataModule, "augment", lambda self, inputs, generator: inputs.flip(-1), raising=False)
+    with pytest.raises(RecipeError) as refused:
+        api.train(config, recipe)
+    assert str(refused.value) == IN_MEMORY_AUGMENT
+    assert not (tmp_path / "logs").exists()
+    assert [f.line() for f in check_recipe(config, recipe)] == [f"FAIL  datamodule: {IN_MEMORY_AUGMENT}"]
+
+
+@pytest.mark.slow
+def test_an_augment_added_to_mnists_data_py_is_one_line_from_train_py(tmp_path):
+    template = copy_template(tmp_path / "template")
+    data_py = template / "project" / "recipe" / "data.py"
+    anchor = "    def read_image(self, path"
+    assert data_py.read_text().count(anchor) == 1
+    data_py.write_text(data_py.read_text().replace(anchor, "    def augment(self, inputs, generator):\n"
+                                                          "        return inputs.flip(-1)\n\n" + anchor))
+    logs = tmp_path / "logs"
+    done = run_script("train.py", "--fast-dev-run", "--logdir", str(logs), root=template,
+                      env={"PROJECT_RECIPE": "project.recipe"})
+    assert done.returncode == 2 and one_line_error(done.stderr) == f"train.py: error: {IN_MEMORY_AUGMENT}"
+    assert not logs.exists()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from project.config.schema import RunConfig
-from project.contract import Recipe
+from project.contract import Recipe, RecipeError
 from project.errors import DataError, UserError, first_line
 from project.training.data_card import data_card, fmt_values, gather, unaugmented
 from project.training.tensor_data import TensorDataModule, TensorPairs
@@ -48,7 +48,10 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
     """Every check of ``recipe`` on ``config``'s data (its ``data_dir``); ``learn``: the two training checks too."""
     from project.training.build import build_datamodule, build_model
 
-    datamodule = build_datamodule(config, recipe)
+    try:
+        datamodule = build_datamodule(config, recipe)
+    except RecipeError as err:  # a datamodule the engine refuses: no check can run on it
+        return [Finding("datamodule", problem=str(err))]
     try:
         datamodule.setup("fit")
         datamodule.setup("test")

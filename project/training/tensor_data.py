@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
+from project.contract import RecipeError
 from project.errors import DataError, UsageError
 
 
@@ -314,8 +315,9 @@ class TensorDataModule(L.LightningDataModule):
       ``--num-workers`` DataLoader workers, normalised per batch on the device). A recipe with only
       ``load_samples`` is read per sample; one with both, from memory;
     - optionally ``prepare_data()`` (check or download files: one clear line for what is wrong),
-      ``augment(inputs, generator)`` (per training sample, per-sample recipes; draw randomness from
-      ``generator`` only, so that a resumed run sees the same samples), ``read_image(path)`` and ``to_image``.
+      ``augment(inputs, generator)`` (per training sample, per-sample recipes only: one held in memory that
+      defines it is refused; draw randomness from ``generator`` only, so that a resumed run sees the same samples),
+      ``read_image(path)`` and ``to_image``.
     """
 
     input_shape: tuple[int, ...] = ()
@@ -344,6 +346,10 @@ class TensorDataModule(L.LightningDataModule):
         self.per_sample = not has_tensors if per_sample is None else per_sample
         if self.per_sample and not has_samples:
             raise TypeError(f"{own.__name__} has no per-sample dataset (load_samples)")
+        if not self.per_sample and own.augment is not None:
+            raise RecipeError(f"{own.__name__} defines augment, but it holds its training set in memory "
+                              "(load_tensors), where nothing augments: read it per sample (load_samples alone) to "
+                              "augment it, or remove augment")
         self.data_dir = resolve_data_dir(data_dir)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
