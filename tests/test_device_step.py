@@ -195,7 +195,7 @@ def test_a_step_whose_gradients_overflow_changes_nothing_but_the_loss_scale():
     huge = images[1] * 3e38
     step(huge, targets[1])  # inf gradients: skipped
     assert all(torch.equal(a, b) for a, b in zip(before, step.tensors()[:8], strict=True))
-    assert float(scaler.get_scale()) == 2.0**16 and int(step.growth) == 0
+    assert float(scaler.get_scale()) == 2.0**16 and int(step.loss_scale.growth) == 0
     assert int(step.index) == 2  # the schedule moves on, as with torch's GradScaler and a scheduler
     step(images[2], targets[2])
     assert not torch.equal(before[0], module.model[1].weight)
@@ -212,7 +212,8 @@ def test_a_snapshot_brings_back_every_tensor_a_step_changes():
 
     def state() -> list[torch.Tensor]:
         buffers = [b for s in optimizer.state.values() for b in s.values() if torch.is_tensor(b)]
-        counters = [step.scale, step.growth, step.index, module.train_acc.correct, module.train_acc.total]
+        counters = [step.loss_scale.scale, step.loss_scale.growth, step.index, module.train_acc.correct,
+                    module.train_acc.total]
         return [t.detach().clone() for t in (*module.parameters(), *buffers, *counters)]
 
     before = state()

@@ -124,23 +124,27 @@ def test_auto_follows_the_runs_own_steps_and_fixed_cost(data, tmp_path, monkeypa
     assert state["run_record"]["steps_per_call"] == auto.steps_per_call  # what a resume takes
 
 
+def following(followed: list) -> object:
+    """A run's stepper that notes each time auto hands it instead of following it."""
+    from project.training.steps_per_call import lightnings_own_steps
+
+    stepper = lightnings_own_steps()
+    stepper.follow = lambda trainer, times: followed.append(times)
+    return stepper
+
+
 def test_a_moment_of_load_in_one_group_moves_nothing(monkeypatch):
     """auto follows the median of the run's last groups: one group slowed tenfold does not move K."""
     from project.training import steps_per_call
 
     followed = []
-
-    class Stepper:
-        def follow(self, trainer, times):
-            followed.append(times)
-
     clock = iter([0.0, 0.0,  # the first group: its end only starts the count
                   0.001, 0.011,  # fixed 1 ms, 10 steps of 1 ms
                   0.012, 0.022, 0.023, 0.033,
                   0.034, 0.134])  # a group ten times slower
     monkeypatch.setattr(steps_per_call, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cpu")), global_step=0)
-    module = types.SimpleNamespace(stepper=Stepper())
+    module = types.SimpleNamespace(stepper=following(followed))
     auto = steps_per_call.AutoStepsPerCall()
     for _ in range(5):
         auto.on_train_batch_start(trainer, module, None, 0)
@@ -484,7 +488,7 @@ def test_auto_counts_a_groups_fetch_with_its_steps_not_in_the_fixed_cost(monkeyp
     now = [0.0]
     monkeypatch.setattr(steps_per_call, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     followed = []
-    module = types.SimpleNamespace(stepper=types.SimpleNamespace(follow=lambda trainer, times: followed.append(times)))
+    module = types.SimpleNamespace(stepper=following(followed))
     own = PassThroughProfiler()
     trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cpu")), global_step=0,
                                     profiler=own)

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -30,7 +30,16 @@ from project.hardware.device_step import StepMode
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, FetchClock, FetchProfiler, RunsFirst
 from project.training.classifier import optimizer_and_schedule
-from project.training.tensor_data import Augmented, TensorDataModule, TensorPairs, batches_of, keep_batch, split_indices
+from project.training.tensor_data import (
+    Augmented,
+    TensorDataModule,
+    TensorPairs,
+    batches_of,
+    keep_batch,
+    sample_count,
+    set_up,
+    split_indices,
+)
 
 ARTICLE_LR = 0.01
 WARM_UP_STEPS = 3  # of the captured loop, on a side stream, before its capture
@@ -75,7 +84,7 @@ class AugmentedByHand(Dataset):
         self.dataset, self.augment = dataset, augment
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return sample_count(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
         inputs, target = self.dataset[index]
@@ -87,7 +96,7 @@ class DataWait(Callback):
     profiler hooks (its profiler is put back when training ends)."""
 
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
-        self.clock, self.epoch_waits = FetchClock(now), []
+        self.clock, self.epoch_waits = FetchClock(now), list[float]()
         self._profiler: FetchProfiler | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -122,6 +131,12 @@ class BenchData:
         module = build_model(self.config, self.recipe)
         return module.model, module.loss
 
+    def samples(self) -> Dataset:
+        """The per-sample training split (the per-sample rows run only where the recipe has one)."""
+        if self.per_sample is None:
+            raise ValueError(f"{self.recipe.name}: no per-sample dataset (load_samples) to read one at a time")
+        return self.per_sample
+
     def steps(self, epochs: int, batch_size: int) -> int:
         """Optimizer steps in ``epochs`` epochs of these samples."""
         return epochs * batches_of(len(self.train), batch_size)
@@ -146,8 +161,8 @@ def bench_data(recipe: Recipe, args: argparse.Namespace, device: torch.device) -
         data.setup("fit")
         data.setup("test")
         if args.limit:
-            keep = list(range(min(args.limit, len(data.train_set))))
-            train = data.train_set
+            train = set_up(data.train_set)
+            keep = list(range(min(args.limit, sample_count(train))))
             if isinstance(train, TensorPairs):
                 data.train_set = TensorPairs(*train.__getitems__(keep))
             elif isinstance(train, Augmented):
@@ -160,18 +175,22 @@ def bench_data(recipe: Recipe, args: argparse.Namespace, device: torch.device) -
     per_sample = None
     if type(data).load_samples is not TensorDataModule.load_samples:
         samples = data.load_samples(train=True)
-        train, _ = split_indices(len(samples), data.validation_count(len(samples)), data.seed)
-        per_sample = Subset(samples, train[:len(data.train_set)])
+        total = sample_count(samples)
+        train, _ = split_indices(total, data.validation_count(total), data.seed)
+        per_sample = Subset(samples, train[:sample_count(data.train_set)])
     if data.per_sample:  # the hand-written rows train on tensors: the samples read once, normalised
-        return BenchData(recipe, config, in_memory(data.train_set, data), in_memory(data.test_set, data), per_sample,
-                         datamodule, reads_samples=True)
-    return BenchData(recipe, config, data.train_set, data.test_set, per_sample, datamodule)
+        train_set, test_set = in_memory(set_up(data.train_set), data), in_memory(set_up(data.test_set), data)
+        return BenchData(recipe, config, train_set, test_set, per_sample, datamodule, reads_samples=True)
+    held = (data.train_set, data.test_set)
+    if not (isinstance(held[0], TensorPairs) and isinstance(held[1], TensorPairs)):
+        raise TypeError(f"{type(data).__name__} holds its splits in memory as other than TensorPairs")
+    return BenchData(recipe, config, held[0], held[1], per_sample, datamodule)
 
 
 def in_memory(split: Dataset, data: TensorDataModule) -> TensorPairs:
     """A per-sample split read once into normalised tensors (without the training split's augmentation)."""
     split = split.dataset if isinstance(split, Augmented) else split
-    inputs, targets = zip(*(split[i] for i in range(len(split))), strict=True)
+    inputs, targets = zip(*(split[i] for i in range(sample_count(split))), strict=True)
     return TensorPairs(data.normalize(torch.stack(inputs)), torch.as_tensor(targets))
 
 
@@ -202,13 +221,13 @@ def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precisi
     if kind in ("article", "samples"):
         if kind == "article":
             optimizer, scheduler = torch.optim.SGD(network.parameters(), lr=ARTICLE_LR), None
-            loader: Iterable = DataLoader(data.per_sample, batch_size=args.batch_size, shuffle=True)
+            loader: Iterable = DataLoader(data.samples(), batch_size=args.batch_size, shuffle=True)
             to_pixels = data.datamodule().to_image
             unnormalize = lambda x: to_pixels(x).to(device)  # noqa: E731 - the article trains on ToTensor() pixels
         else:
             optimizer, scheduler = data.optimizer(network, data.steps(args.epochs + 1, args.batch_size), device)
             workers, datamodule = data.config.num_workers, data.datamodule()
-            samples = data.per_sample if datamodule.augment is None else AugmentedByHand(data.per_sample,
+            samples = data.samples() if datamodule.augment is None else AugmentedByHand(data.samples(),
                                                                                           datamodule.augment)
             loader = DataLoader(samples, batch_size=args.batch_size, shuffle=True, num_workers=workers,
                                 pin_memory=device.type == "cuda", persistent_workers=workers > 0)
@@ -274,7 +293,7 @@ def hand_graphs(args: argparse.Namespace, device: torch.device, precision: str, 
             if scheduler is not None:
                 scheduler.step()
     lrs, momenta = torch.tensor(table, device=device).unbind(1)
-    params = list(network.parameters())
+    params: list[torch.Tensor] = list(network.parameters())
     buffers = [torch.zeros_like(p) for p in params]
     inputs, labels = data.train.inputs.to(device), data.train.targets.to(device)
     step = torch.zeros((), dtype=torch.long, device=device)
@@ -394,7 +413,8 @@ def bare_lightning(args: argparse.Namespace, device: torch.device, precision: st
     total = data.steps(args.epochs + 1, args.batch_size)
     stats, wait = EpochStats(), DataWait()
     module = BareModule(*data.network(), lambda net: data.optimizer(net, total, device))
-    trainer = L.Trainer(accelerator=device.type, devices=1, precision=precision, max_epochs=args.epochs + 1,
+    # precision is one of PRECISIONS, checked by the command line; Lightning types it as a Literal.
+    trainer = L.Trainer(accelerator=device.type, devices=1, precision=cast(Any, precision), max_epochs=args.epochs + 1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[stats, wait], limit_val_batches=0)
     trainer.fit(module, train_dataloaders=loader)

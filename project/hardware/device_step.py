@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -147,6 +148,31 @@ def advance_schedule(scheduler: Any, steps: int) -> None:
                 scheduler.step()
 
 
+@dataclass(frozen=True)
+class LossScale:
+    """GradScaler's loss scale, growth tracker and overflow flag as device tensors a captured step updates in
+    place, and its growth factor, backoff factor and growth interval."""
+
+    scale: torch.Tensor
+    growth: torch.Tensor
+    found_inf: torch.Tensor
+    settings: tuple[float, float, int]
+
+    def unscale(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """GradScaler's check and unscale of this step's gradients; whether to skip the step, as a device bool."""
+        self.found_inf.zero_()
+        inverse = self.scale.double().reciprocal().float()
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for same in by_dtype.values():
+            internals.amp_unscale_(same, self.found_inf, inverse)
+        return self.found_inf.view(()).bool()
+
+    def update(self) -> None:
+        internals.amp_update_scale_(self.scale, self.growth, self.found_inf, *self.settings)
+
+
 class DeviceStep:
     """Forward, loss, backward, update and schedule of one batch, reading every changing number from device
     tensors; ``__call__`` returns the step's loss.
@@ -171,13 +197,12 @@ class DeviceStep:
             for p in self.params:  # zeros: what SGD's first step starts from
                 if self.optimizer.state[p].get("momentum_buffer") is None:
                     self.optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        self.scale = self.growth = self.found_inf = None
+        self.loss_scale: LossScale | None = None
         if scaler is not None and scaler.is_enabled():
             scaler.scale(torch.ones((), device=self.device))  # makes GradScaler's scale and growth tensors
-            self.scale, self.growth = internals.scaler_tensors(scaler)
-            self.scaler_settings = (scaler.get_growth_factor(), scaler.get_backoff_factor(),
-                                    scaler.get_growth_interval())
-            self.found_inf = torch.zeros(1, device=self.device)
+            self.loss_scale = LossScale(*internals.scaler_tensors(scaler), torch.zeros(1, device=self.device),
+                                        (scaler.get_growth_factor(), scaler.get_backoff_factor(),
+                                         scaler.get_growth_interval()))
 
     def _check_optimizer(self) -> None:
         optimizer, name = self.optimizer, type(self.optimizer).__name__
@@ -205,10 +230,11 @@ class DeviceStep:
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = self.module.batch_loss((images, targets))
-        scaled = loss.float() * self.scale if self.scale is not None else loss
+        scaling = self.loss_scale
+        scaled = loss.float() * scaling.scale if scaling is not None else loss
         grads = torch.autograd.grad(scaled, self.params, allow_unused=True)
         used = [(p, g) for p, g in zip(self.params, grads, strict=True) if g is not None]
-        skip = self._unscale([g for _, g in used]) if self.scale is not None else None
+        skip = scaling.unscale([g for _, g in used]) if scaling is not None else None
         kept = [t.clone() for t in self._state(dict(used))] if skip is not None else []
         with torch.no_grad():
             hyper = self.schedule()
@@ -220,23 +246,12 @@ class DeviceStep:
                 for p, g in used:
                     p.grad = g
                 self.optimizer.step()
-            if skip is not None:
+            if scaling is not None and skip is not None:
                 for tensor, before in zip(self._state(dict(used)), kept, strict=True):
                     tensor.copy_(torch.where(skip, before, tensor))
-                internals.amp_update_scale_(self.scale, self.growth, self.found_inf, *self.scaler_settings)
+                scaling.update()
             self.index.add_(1)
         return loss.detach()
-
-    def _unscale(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """GradScaler's check and unscale of this step's gradients; whether to skip the step, as a device bool."""
-        self.found_inf.zero_()
-        inverse = self.scale.double().reciprocal().float()
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        for same in by_dtype.values():
-            internals.amp_unscale_(same, self.found_inf, inverse)
-        return self.found_inf.view(()).bool()
 
     def _state(self, grads: dict[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
         """What one step changes: the updated parameters and their optimizer state tensors."""
@@ -254,11 +269,11 @@ class DeviceStep:
             if not params:
                 continue
             lr, momentum = hyper[index, 0], hyper[index, 1]
-            g = [grads[p] for p in params]
+            g: tuple[torch.Tensor, ...] | list[torch.Tensor] = [grads[p] for p in params]
             if group["weight_decay"]:
                 g = internals.foreach_add(g, params, alpha=group["weight_decay"])
-            buffers = [self.optimizer.state[p].get("momentum_buffer") for p in params]
-            if all(b is not None for b in buffers):
+            buffers = [b for p in params if (b := self.optimizer.state[p].get("momentum_buffer")) is not None]
+            if len(buffers) == len(params):
                 internals.foreach_mul_(buffers, momentum)
                 internals.foreach_add_(buffers, g, alpha=1 - group["dampening"])
                 g = internals.foreach_add(g, internals.foreach_mul(buffers, momentum)) if group["nesterov"] else buffers
@@ -269,7 +284,8 @@ class DeviceStep:
         tensors = list(self.params)
         for p in self.params:
             tensors += [v for v in self.optimizer.state[p].values() if torch.is_tensor(v)]
-        tensors += [t for t in (self.scale, self.growth, self.index) if t is not None]
+        tensors += [self.loss_scale.scale, self.loss_scale.growth] if self.loss_scale is not None else []
+        tensors.append(self.index)
         for metric in self.module.modules():
             if isinstance(metric, RunningAccuracy):
                 tensors += [metric.correct, metric.total]
@@ -376,10 +392,23 @@ class StepRunner:
 
     # ------------------------------------------------------------------ capture and replay
 
+    @property
+    def built(self) -> DeviceStep:
+        """The device step, built by the group's first ``run``."""
+        if self.program is None:
+            raise RuntimeError("the device step is used before run() built it")
+        return self.program
+
+    @property
+    def captured(self) -> torch.cuda.CUDAGraph:
+        if self.graph is None:
+            raise RuntimeError("the step is replayed before it was captured")
+        return self.graph
+
     def _capture(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int) -> bool:
         """Capture one step that reads its batch from the group buffer at ``cursor``; check it and time it.
         False (and the state as it was) if it cannot be."""
-        program = self.program
+        program = self.built
         sample_bytes = images[:1].numel() * images.element_size()
         batches = max(2, min(len(targets) // batch_size, GROUP_BUFFER_BYTES // max(1, sample_bytes * batch_size)))
         self.batch_size = batch_size
@@ -424,7 +453,7 @@ class StepRunner:
 
     def _step(self) -> None:
         rows = self.cursor * self.batch_size + self.rows
-        loss = self.program(self.images.index_select(0, rows), self.targets.index_select(0, rows))
+        loss = self.built(self.images.index_select(0, rows), self.targets.index_select(0, rows))
         self.losses.index_copy_(0, self.cursor.view(1), loss.float().view(1))
         self.cursor.add_(1)
 
@@ -437,7 +466,7 @@ class StepRunner:
             self.targets[:chunk].copy_(targets[start:start + chunk])
             self.cursor.zero_()
             for _ in range(chunk // self.batch_size):
-                self.graph.replay()
+                self.captured.replay()
             losses.append(self.losses[: chunk // self.batch_size].clone())
         for metric in self.counting:
             metric.replayed(len(targets) // self.batch_size)
@@ -446,14 +475,14 @@ class StepRunner:
     def _check_against_eager(self, saved: list, batch: int) -> None:
         """The replay on batch ``batch`` (not the one captured) against the eager step on it, from the same state:
         a step that baked in its first batch, or worked on the host, gives other numbers."""
-        program = self.program
+        program = self.built
         program.restore(saved)
         start = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
         eager_loss = program(self.images[start], self.targets[start])
         eager = [t.detach().clone() for t in program.params]
         program.restore(saved)
         self.cursor.fill_(batch)
-        self.graph.replay()
+        self.captured.replay()
         replayed_loss = self.losses[batch]
         worst = max(float((a.detach() - b).abs().max()) for a, b in zip(program.params, eager, strict=True))
         if not torch.allclose(replayed_loss, eager_loss.float(), rtol=1e-4, atol=1e-6) or \
@@ -463,13 +492,13 @@ class StepRunner:
 
     def _time(self, saved: list) -> None:
         """Seconds per replayed step, with CUDA events (after warm-up), for ``steps per call auto``."""
-        self.program.restore(saved)
+        self.built.restore(saved)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.graph.replay()
+        self.captured.replay()
         start.record()
         for _ in range(TIMED_REPLAYS):
             self.cursor.zero_()
-            self.graph.replay()
+            self.captured.replay()
         end.record()
         end.synchronize()
         if self.on_timed is not None:
@@ -478,7 +507,7 @@ class StepRunner:
     def _metrics(self) -> list[Any]:
         from torchmetrics import Metric
 
-        return [m for m in self.program.module.modules() if isinstance(m, Metric)]
+        return [m for m in self.built.module.modules() if isinstance(m, Metric)]
 
     @staticmethod
     def _check_metrics(updated: list[Any]) -> None:

@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project import internals
+from project.config.schema import RunConfig
 from project.contract import RECIPE_VARIABLE, Recipe
 from project.errors import CheckpointError, NonFiniteLossError, first_line, not_a_regular_file
 from project.reliability.run_folder import LAST
@@ -123,14 +125,12 @@ class RunRecord(Callback):
     steps per call), and keeps the logs on disk up to each checkpoint: a killed run loses no logged step
     before its newest checkpoint (a resume cuts the logs back to that checkpoint)."""
 
-    def __init__(self, config: Any, steps_per_call: int) -> None:
-        self.config, self.steps_per_call = config, steps_per_call
+    def __init__(self, config: RunConfig, steps_per_call: Callable[[], int]) -> None:
+        self.config, self.steps_per_call = config, steps_per_call  # K as it is at each save: auto follows the run
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        # K as it is now: auto follows the run's step time.
-        steps_per_call = getattr(trainer.datamodule, "steps_per_call", self.steps_per_call)
-        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": steps_per_call,
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call(),
                                     "module": module_name(type(pl_module))}
         self._flush(trainer)
         if trainer.is_global_zero:
@@ -144,7 +144,8 @@ class RunRecord(Callback):
         folder = run_dir(trainer)
         if not (folder / RUN_RECORD).is_file():
             return
-        best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
+        best = next((cb for cb in trainer.checkpoint_callbacks
+                     if isinstance(cb, ModelCheckpoint) and not isinstance(cb, LastCheckpoint)), None)
         noted: dict[str, Any] = {"step": trainer.global_step}
         if best is not None and best.best_model_path and best.best_model_score is not None:
             noted.update(best_checkpoint=Path(best.best_model_path).name, best_score=float(best.best_model_score))
@@ -154,7 +155,8 @@ class RunRecord(Callback):
                            checkpoint: dict[str, Any]) -> None:
         """A run folder that was moved or copied (to another disk, another machine) resumes as well: the
         checkpoint callbacks' paths are moved with it, or Lightning would drop their best scores."""
-        here = next((cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
+        here = next((str(cb.dirpath) for cb in trainer.checkpoint_callbacks
+                     if isinstance(cb, ModelCheckpoint) and cb.dirpath), None)
         for state in checkpoint.get("callbacks", {}).values():
             before = state.get("dirpath") if isinstance(state, dict) else None
             if here is None or before is None or before == here:

@@ -12,10 +12,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import lightning as L
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 
@@ -23,7 +24,9 @@ from project import OPTIMIZERS, SCHEDULERS
 from project.errors import CheckpointError, UsageError
 from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
+from project.training.callbacks import log_every
 from project.training.steps_per_call import Stepper, lightnings_own_steps
+from project.training.tensor_data import tensor_datamodule
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 T = TypeVar("T")
@@ -64,14 +67,15 @@ class OptimizerSettings:
     capturable: bool  # the step may be captured: an optimizer that can keeps its LR in a tensor there
 
     @property
-    def fused(self) -> dict[str, bool]:
-        """Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step."""
-        return {"fused": True} if self.device.type == "cuda" else {}
+    def fused(self) -> bool | None:
+        """Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step (None:
+        torch's own choice)."""
+        return True if self.device.type == "cuda" else None
 
 
 def _sgd(parameters: Any, s: OptimizerSettings) -> torch.optim.Optimizer:
     built = torch.optim.SGD(parameters, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay,
-                            nesterov=s.momentum > 0, **s.fused)
+                            nesterov=s.momentum > 0, fused=s.fused)
     if s.fused and s.momentum > 0:
         # Fused SGD makes its momentum buffers with empty_like at the first step: one that 16-mixed's loss
         # scaler skips leaves them uninitialised, and the weights turn to NaN a step later. Zeros are what a
@@ -89,7 +93,7 @@ def _adam(kind: type[torch.optim.Adam] | type[torch.optim.AdamW]) -> Callable[[A
         if s.capturable:
             return kind(parameters, lr=torch.tensor(s.lr, device=s.device), weight_decay=s.weight_decay,
                         capturable=True)
-        return kind(parameters, lr=s.lr, weight_decay=s.weight_decay, **s.fused)
+        return kind(parameters, lr=s.lr, weight_decay=s.weight_decay, fused=s.fused)
     return build
 
 
@@ -169,6 +173,14 @@ def optimizer_and_schedule(parameters: Any, optimizer: str, lr: float, momentum:
     return built, schedule(built, ScheduleSettings(optimizer, lr, momentum, warmup_steps, total_steps))
 
 
+def one_optimizer(module: L.LightningModule) -> LightningOptimizer:
+    """The run's optimizer, as Lightning wraps it: ``configure_optimizers`` makes one."""
+    found = module.optimizers()
+    if isinstance(found, list):
+        raise TypeError(f"{type(module).__name__} has {len(found)} optimizers; the engine steps one")
+    return found
+
+
 class ClassifierModule(L.LightningModule):
     """Trains ``network`` (any ``nn.Module`` from inputs to class scores) to classify ``num_classes`` classes.
 
@@ -241,9 +253,9 @@ class ClassifierModule(L.LightningModule):
             return self.stepper.train(self, batch, self.batch_loss)
         loss = self.batch_loss(batch)
         # self.log costs more than a small model's step: only the steps the logger writes pay for it.
-        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        if (self.trainer.global_step + 1) % log_every(self.trainer) == 0:
             self.log("train/loss", loss.detach())  # not prog_bar: see LoggedLossBar
-            self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # the LR this step takes
+            self.log("train/lr", one_optimizer(self).param_groups[0]["lr"])  # the LR this step takes
         return loss
 
     def _eval_step(self, stage: str, batch: Batch, loss: MeanMetric, acc: RunningAccuracy) -> torch.Tensor:
@@ -296,7 +308,8 @@ class ClassifierModule(L.LightningModule):
         By default the recipe's network with its default options: a ``model.pth`` of other options
         is refused (evaluate its checkpoint instead, which records them).
         """
-        network = cls().model
+        with_defaults = cast(Callable[[], ClassifierModule], cls)  # a recipe's module: every option has a default
+        network = with_defaults().model
         try:
             network.load_state_dict(state, strict=True)
         except RuntimeError:
@@ -335,8 +348,8 @@ class ClassifierModule(L.LightningModule):
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         optimizer, scheduler = optimizer_and_schedule(
-            self.model.parameters(), hp.optimizer, hp.lr, hp.momentum, hp.weight_decay, hp.scheduler,
-            hp.get("warmup_steps"), self.optimizer_steps() if hp.scheduler != "none" else 0, self.device,
+            self.model.parameters(), hp["optimizer"], hp["lr"], hp["momentum"], hp["weight_decay"], hp["scheduler"],
+            hp.get("warmup_steps"), self.optimizer_steps() if hp["scheduler"] != "none" else 0, self.device,
             capturable=self.stepper.capturable)
         if scheduler is None:
             return optimizer
@@ -346,5 +359,7 @@ class ClassifierModule(L.LightningModule):
         """How many optimizer steps this fit takes (Lightning counts Lightning steps, K of ours each)."""
         if self.automatic_optimization:
             return int(self.trainer.estimated_stepping_batches)
-        datamodule = self.trainer.datamodule
-        return datamodule.steps_per_epoch() * self.trainer.max_epochs
+        epochs = self.trainer.max_epochs
+        if epochs is None:  # the engine's Trainer always has it (config.max_epochs)
+            raise RuntimeError("a grouped run needs max_epochs to count its optimizer steps")
+        return tensor_datamodule(self.trainer).steps_per_epoch() * epochs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from project.config.schema import RunConfig, settings_of
 from project.contract import Recipe
@@ -41,9 +41,10 @@ from project.training.build import (
     global_batch,
 )
 from project.training.callbacks import EpochStats, find_callback, quiet_known_warnings
+from project.training.classifier import ClassifierModule
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
-from project.training.tensor_data import TensorDataModule, planned_steps
+from project.training.tensor_data import TensorDataModule, planned_steps, tensor_datamodule
 from project.training.tuning import LrScaling, tune
 
 
@@ -142,7 +143,7 @@ class Plan:
 
     config: RunConfig
     datamodule: TensorDataModule
-    model: L.LightningModule
+    model: ClassifierModule
     resume: Resume | None
     stepper: Stepper
     card: DataCard
@@ -224,7 +225,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
     """Fit, test and record the planned run in its claimed folder (``folder`` on rank 0; ``version``: its name)."""
     config, datamodule, model, resume = plan.config, plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
-        stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.stepper.plan.steps.k)
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, lambda: datamodule.steps_per_call)
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None,
                                 version=version)
@@ -281,7 +282,7 @@ def close_loggers(trainer: L.Trainer) -> None:
             logger.close()
 
 
-def finish(trainer: L.Trainer, model: L.LightningModule, result: RunResult, signals: StopSignals,
+def finish(trainer: L.Trainer, model: ClassifierModule, result: RunResult, signals: StopSignals,
            on_tested: Callable[[dict[str, float]], None] | None) -> None:
     """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
     result.run_dir = RunFolder.of(trainer).path
@@ -321,37 +322,38 @@ def run_test(trainer: L.Trainer, model: L.LightningModule, datamodule: L.Lightni
         raise signals.terminated("during the test; training is complete: continue with --resume last (it tests "
                                  "and exports)") from None
     release_cuda_cache()
-    return metrics
+    return dict(metrics)
 
 
 def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]:
     """Best and last checkpoint paths (None where nothing was saved), and the best ``val/acc``: the best
     checkpoint's score, else the logged ``val/acc_best`` (no checkpoints under fast_dev_run), else NaN."""
     last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
-    best = next((cb for cb in trainer.checkpoint_callbacks if not isinstance(cb, LastCheckpoint)), None)
+    best = next((cb for cb in trainer.checkpoint_callbacks
+                 if isinstance(cb, ModelCheckpoint) and not isinstance(cb, LastCheckpoint)), None)
     last_path = last.best_model_path if last else None
     kept = RunFolder.of(trainer).last_checkpoint
     if last and not last_path and kept is not None:
         last_path = str(kept)  # ddp_spawn keeps it in the workers
     best_path = best.best_model_path if best and best.best_model_path else None
-    score = best.best_model_score if best_path else None
+    score = best.best_model_score if best is not None and best_path else None
     if best_path and score is None:  # ddp_spawn: the workers hand back the best path but not its score
         state = read_checkpoint(best_path).get("callbacks", {})
         score = next((s["best_model_score"] for s in state.values()
                       if isinstance(s, dict) and s.get("best_model_path") == best_path), None)
     if score is None:
-        score = trainer.callback_metrics.get("val/acc_best", math.nan)
-    return best_path, last_path, float(score)
+        score = trainer.callback_metrics.get("val/acc_best")
+    return best_path, last_path, math.nan if score is None else float(score)
 
 
-def write_outputs(trainer: L.Trainer, model: L.LightningModule, result: RunResult) -> None:
+def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult) -> None:
     """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
     result.run_dir = RunFolder.of(trainer).path
     result.weights, result.weights_kind = model.export_weights(config.export or result.run_dir / "model.pth")
     if config.export_pt2:
         network, result.program_input = model.portable_network()
-        result.program = save_program(network, trainer.datamodule.input_shape, config.export_pt2)
+        result.program = save_program(network, tensor_datamodule(trainer).input_shape, config.export_pt2)
     settings = {key: value for key, value in config.to_mapping().items() if key != "trainer"}
     trainer_args = {f"trainer.{key}": value for key, value in config.trainer.items()}
     hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}

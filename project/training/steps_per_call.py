@@ -32,8 +32,8 @@ from project.config.schema import RunConfig
 from project.config.validators import changes_the_default
 from project.errors import UsageError
 from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
-from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar
-from project.training.tensor_data import batches_of
+from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar, log_every
+from project.training.tensor_data import batches_of, tensor_datamodule
 
 AUTO_MAX = 64
 # The fixed cost of one Lightning step (its loop, hooks and callbacks, the template's own): auto chooses K so that
@@ -100,16 +100,17 @@ def choose_steps_per_call(config: RunConfig, world_size: int, device: torch.devi
     """``--steps-per-call`` if given and possible, else K from the measured step time (of the recipe's model,
     ``new_model(config)``, on a batch of ``datamodule``'s training split)."""
     reason = why_one_step(config, world_size, bool(getattr(datamodule, "per_sample", False)))
-    if config.steps_per_call != "auto":
-        if reason and config.steps_per_call > 1:
-            raise UsageError(f"--steps-per-call {config.steps_per_call}: not possible here ({reason}); "
-                             "use --steps-per-call 1 or auto")
-        return StepsPerCall(int(config.steps_per_call), "as asked")
+    if isinstance(asked := config.steps_per_call, int):
+        if reason and asked > 1:
+            raise UsageError(f"--steps-per-call {asked}: not possible here ({reason}); use --steps-per-call 1 or auto")
+        return StepsPerCall(asked, "as asked")
     if reason:
         return StepsPerCall(1, reason, auto=True)
     if device.type == "cuda" and _will_capture(config):
         return StepsPerCall(steps_for(0.0001, config.log_every_n_steps), "from the captured step's time", auto=True,
                             until_captured=True)
+    if new_model is None:
+        raise ValueError("auto steps per call times the recipe's model: new_model is needed")
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # leave the run's seeds alone
         step = measure_step_seconds(config, datamodule, device, new_model)
     return StepsPerCall(steps_for(step, config.log_every_n_steps), f"a step's math takes {step * 1e3:.2f} ms, "
@@ -174,7 +175,7 @@ class Stepper:
               batch_loss: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
         """One Lightning step of a grouped run: the group's optimizer steps; their losses."""
         self._trainer = module.trainer
-        return run_steps(module, group, module.trainer.datamodule.batch_size, batch_loss, self.runner)
+        return run_steps(module, group, tensor_datamodule(module.trainer).batch_size, batch_loss, self.runner)
 
     def _timed(self, step_seconds: float) -> None:
         self.step_seconds = step_seconds
@@ -189,9 +190,10 @@ class Stepper:
 
     def taken(self, k: int) -> StepsTaken:
         """How the steps ran in the end (``k``: the K the run ended with)."""
-        runner_off = self.runner is not None and self.runner.mode is StepMode.OFF
-        return StepsTaken(self.plan.steps, k, self.step_seconds, StepMode.OFF if runner_off else self.plan.mode,
-                          self.runner.reason if runner_off else self.plan.mode_reason, self.timed)
+        runner = self.runner
+        if runner is not None and runner.mode is StepMode.OFF:
+            return StepsTaken(self.plan.steps, k, self.step_seconds, StepMode.OFF, runner.reason, self.timed)
+        return StepsTaken(self.plan.steps, k, self.step_seconds, self.plan.mode, self.plan.mode_reason, self.timed)
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,14 @@ class StepsTaken:
     def describe_mode(self) -> str:
         state = {StepMode.GRAPHS: " on", StepMode.DEVICE: "' step run eagerly"}.get(self.mode, " off")
         return f"CUDA graphs{state} ({self.mode_reason})"
+
+
+def stepper_of(module: L.LightningModule) -> Stepper:
+    """The stepper of a run's module (``ClassifierModule.stepper``)."""
+    found = getattr(module, "stepper", None)
+    if not isinstance(found, Stepper):
+        raise TypeError(f"{type(module).__name__} has no Stepper: the engine's callbacks need a ClassifierModule")
+    return found
 
 
 def lightnings_own_steps() -> Stepper:
@@ -295,7 +305,7 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
         advance_schedule(scheduler, 1)
     else:
         losses, lr = _eager_steps(module, group, batch_size, batch_loss, optimizer, scheduler)
-    if trainer.global_step % trainer.log_every_n_steps == 0:
+    if trainer.global_step % log_every(trainer) == 0:
         module.log("train/loss", losses[-1])  # not prog_bar: see LoggedLossBar
         module.log("train/lr", lr)
     # Lightning numbers logged steps by Lightning steps; keep that count equal to optimizer steps.
@@ -394,15 +404,15 @@ class AutoStepsPerCall(Callback):
         if self._ended is not None and step > self._ended[1]:
             steps = (now - self._started) + (fetched - self._ended[2])
             self._groups.append(StepTimes(steps / (step - self._ended[1]), max(now - self._ended[0] - steps, 0.0)))
-            pl_module.stepper.follow(trainer, StepTimes(statistics.median(g.step_seconds for g in self._groups),
+            stepper_of(pl_module).follow(trainer, StepTimes(statistics.median(g.step_seconds for g in self._groups),
                                                         statistics.median(g.fixed_seconds for g in self._groups)))
         self._ended = (now, step, fetched)
 
 
 def retime(trainer: L.Trainer, times: StepTimes) -> None:
     """Set K from the run's measured times, where it moved by more than a quarter."""
-    datamodule = trainer.datamodule
-    k, now = steps_for(times.step_seconds, trainer.log_every_n_steps, times.fixed_seconds), datamodule.steps_per_call
+    datamodule = tensor_datamodule(trainer)
+    k, now = steps_for(times.step_seconds, log_every(trainer), times.fixed_seconds), datamodule.steps_per_call
     if abs(k - now) > now / 4:
         datamodule.use_steps_per_call(k)
 

@@ -19,12 +19,12 @@ import copy
 import os
 from collections.abc import Callable, Iterator, Sequence, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset, random_split
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset
 
 from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
@@ -90,7 +90,7 @@ class EpochShuffleSampler(RandomSampler):
     ``EpochShardSampler`` is its DDP counterpart).
     """
 
-    def __init__(self, data_source: Sequence, seed: int = 0, keyed: bool = False) -> None:
+    def __init__(self, data_source: Sized, seed: int = 0, keyed: bool = False) -> None:
         super().__init__(data_source)
         self.seed = seed
         self.epoch = 0
@@ -105,9 +105,9 @@ class EpochShuffleSampler(RandomSampler):
         starts one to check the loader, and a loader with workers reads ahead from it at once."""
         self._resume_at = (epoch, samples_done)
 
-    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[Any]:  # an index, or an (index, epoch) key (``with_epoch``)
         self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
-        order = epoch_order(len(self.data_source), self.seed, self.epoch, self._resume_at)
+        order = epoch_order(sample_count(self.data_source), self.seed, self.epoch, self._resume_at)
         return with_epoch(order.tolist(), self.epoch, self.keyed)
 
 
@@ -120,10 +120,10 @@ def resuming(epoch: int, resume_at: tuple[int, int] | None) -> tuple[int, tuple[
     return resume_at[0], resume_at
 
 
-def with_epoch(indices: list[int], epoch: int, keyed: bool) -> Iterator[int] | Iterator[tuple[int, int]]:
+def with_epoch(indices: list[int], epoch: int, keyed: bool) -> Iterator[Any]:
     """The indices, or ``(index, epoch)`` keys for a dataset whose augmentation is seeded by both (``Augmented``):
     the same sample gets the same random crop in a resumed run, in any worker process."""
-    return iter([(i, epoch) for i in indices] if keyed else indices)
+    return iter([(i, epoch) for i in indices]) if keyed else iter(indices)
 
 
 def epoch_order(size: int, seed: int, epoch: int, resume_at: tuple[int, int] | None) -> torch.Tensor:
@@ -206,7 +206,7 @@ class EpochShardSampler(DistributedSampler):
     this rank already trained on.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int = 0, keyed: bool = False) -> None:
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int = 0, keyed: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         self.keyed = keyed
         self._resume_at: tuple[int, int] | None = None
@@ -214,7 +214,7 @@ class EpochShardSampler(DistributedSampler):
     def resume(self, epoch: int, samples_done: int) -> None:
         self._resume_at = (epoch, samples_done)
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Any]:  # an index, or an (index, epoch) key (``with_epoch``)
         self.epoch, self._resume_at = resuming(self.epoch, self._resume_at)
         shard = list(super().__iter__())
         if self._resume_at is not None:
@@ -230,10 +230,10 @@ class EvalShardSampler(DistributedSampler):
     the ranks' states, so a DDP evaluation equals a single-process one.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-        self.total_size = len(dataset)
+        self.total_size = sample_count(dataset)
+        self.num_samples = len(range(rank, self.total_size, num_replicas))
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
@@ -245,10 +245,36 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
 
 
 def split_indices(n: int, val_size: int, seed: int) -> tuple[list[int], list[int]]:
-    """Seeded train/val indices; the same split as ``random_split`` with that seed."""
-    generator = torch.Generator().manual_seed(seed)
-    train, val = random_split(range(n), [n - val_size, val_size], generator)
-    return list(train.indices), list(val.indices)
+    """Seeded train/val indices; the same split as torch's ``random_split`` with that seed (its permutation)."""
+    order: list[int] = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return order[:n - val_size], order[n - val_size:]
+
+
+def sized(split: object) -> Sized:
+    """The split, known to have a length: torch's ``Dataset`` does not promise one; every split the engine reads
+    has one."""
+    if not isinstance(split, Sized):
+        raise TypeError(f"{type(split).__name__} has no length: a split must define __len__")
+    return split
+
+
+def tensor_datamodule(trainer: L.Trainer) -> TensorDataModule:
+    """The run's datamodule, which Lightning sets on the Trainer at ``fit`` (unseen by a type checker)."""
+    found = getattr(trainer, "datamodule", None)
+    if not isinstance(found, TensorDataModule):
+        raise TypeError(f"the run's datamodule is a {type(found).__name__}, not a TensorDataModule")
+    return found
+
+
+def set_up(split: Dataset | None) -> Dataset:
+    """A split of a datamodule whose ``setup`` has run."""
+    if split is None:
+        raise RuntimeError("setup() must run before its splits are read")
+    return split
+
+
+def sample_count(split: object) -> int:
+    return len(sized(split))
 
 
 class TensorPairs(Dataset):
@@ -292,7 +318,7 @@ class Augmented(Dataset):
         self.dataset, self.augment, self.seed = dataset, augment, seed
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return sample_count(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, Any]:
         index, epoch = key
@@ -301,8 +327,8 @@ class Augmented(Dataset):
         return self.augment(inputs, generator), target
 
 
-def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collate for ``TensorPairs``: ``__getitems__`` already returns a whole batch."""
+def keep_batch(batch: Sequence[Any]) -> Sequence[Any]:
+    """Collate for ``TensorPairs``: ``__getitems__`` already returns a whole batch (inputs, targets)."""
     return batch
 
 
@@ -361,7 +387,7 @@ class TensorDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self._resume_at: tuple[int, int] | None = None
-        self._train_sampler: EpochShuffleSampler | EpochBatches | None = None
+        self._train_sampler: EpochShuffleSampler | EpochShardSampler | EpochBatches | None = None
         # Optimizer steps per Lightning step, and the step counts at which a group must end.
         self.steps_per_call = 1
         self.grouped = False  # groups of batches, one per Lightning step, the module stepping the optimizer itself
@@ -426,12 +452,12 @@ class TensorDataModule(L.LightningDataModule):
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch on one process (the last batch may be partial)."""
-        return batches_of(len(self.train_set), self.batch_size)
+        return batches_of(sample_count(self.train_set), self.batch_size)
 
     def train_size(self) -> int:
         """Samples in the training split (the training set less the validation split)."""
         self.setup("fit")
-        return len(self.train_set)
+        return sample_count(self.train_set)
 
     def _load(self, train: bool) -> Dataset:
         self.prepare_data()
@@ -457,7 +483,8 @@ class TensorDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit", "validate") and self.train_set is None:
             full = self._load(train=True)
-            train, val = split_indices(len(full), self.validation_count(len(full)), self.seed)
+            total = sample_count(full)
+            train, val = split_indices(total, self.validation_count(total), self.seed)
             self.train_set = self._materialise(Subset(full, train))
             if self.per_sample and self.augment is not None:
                 self.train_set = Augmented(self.train_set, self.augment, self.seed)
@@ -477,9 +504,7 @@ class TensorDataModule(L.LightningDataModule):
         Done when a loader is first asked for, not in ``setup()``: callbacks' ``setup`` (the GPU
         memory cap among them) runs after the datamodule's, and the data must count against it.
         """
-        split = getattr(self, name)
-        if split is None:
-            raise RuntimeError("setup() must run before the dataloaders are requested")
+        split = set_up(getattr(self, name))
         trainer = getattr(self, "trainer", None)
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         if isinstance(split, TensorPairs) and split.targets.device != device:
@@ -492,13 +517,15 @@ class TensorDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         if isinstance(dataset, TensorPairs) and shuffle and world_size == 1:
-            return DataLoader(dataset, batch_sampler=self._train_batches(len(dataset), dataset.targets.device),
-                              collate_fn=keep_batch)
+            # torch's types say a batch sampler yields lists; it takes any index sequence, a tensor included.
+            batches = cast(Sampler[list[int]], self._train_batches(len(dataset), dataset.targets.device))
+            return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch)
         sampler: Sampler | None = None
         if shuffle:
             keyed = isinstance(dataset, Augmented)
-            sampler = self._train_sampler = (EpochShardSampler(dataset, world_size, rank, self.seed, keyed)
-                                             if world_size > 1 else EpochShuffleSampler(dataset, self.seed, keyed))
+            sampler = self._train_sampler = (
+                EpochShardSampler(dataset, world_size, rank, self.seed, keyed) if world_size > 1
+                else EpochShuffleSampler(sized(dataset), self.seed, keyed))
             if self._resume_at is not None:
                 sampler.resume(*self._resume_at)
         elif world_size > 1:
@@ -556,8 +583,8 @@ class TensorDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if split is None or trainer is None:
             return self.eval_batch_size
-        return eval_batch_size(self.eval_batch_size, getattr(trainer, f"limit_{stage}_batches"), stage, len(split),
-                               trainer.world_size)
+        return eval_batch_size(self.eval_batch_size, getattr(trainer, f"limit_{stage}_batches"), stage,
+                               sample_count(split), trainer.world_size)
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()

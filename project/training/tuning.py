@@ -18,7 +18,7 @@ from project.errors import UsageError
 from project.reliability.run_folder import run_dir
 from project.training.build import global_batch
 from project.training.classifier import ClassifierModule
-from project.training.tensor_data import TensorDataModule, batches_of
+from project.training.tensor_data import TensorDataModule, batches_of, sample_count
 
 FINDER_TRIALS = 6  # doublings the batch-size finder tries
 BATCH_SIZE_CAP = 8192  # Lightning's own default ceiling for the finder
@@ -113,9 +113,9 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
         scaling = LrScaling(config.lr, global_batch(trainer, datamodule.batch_size), base_batch,
                             auto=config.scale_lr == "auto")
         checked_scaled_lr(scaling)
-        model.hparams.lr = scaling.lr
-        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams.lr:g}")
-    return Tuning(datamodule.batch_size, model.hparams.lr, scaling)
+        model.hparams["lr"] = scaling.lr
+        rank_zero_info(f"--scale-lr: lr {config.lr:g} x {scaling.batch}/{base_batch} = {model.hparams['lr']:g}")
+    return Tuning(datamodule.batch_size, model.hparams["lr"], scaling)
 
 
 @contextmanager
@@ -132,8 +132,8 @@ def bars_only_on_a_terminal(trainer: L.Trainer) -> Iterator[None]:
 def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule) -> None:
     """The largest batch that fits in memory, up to the one that keeps ``MIN_STEPS_PER_EPOCH``; the
     LR follows by the square-root rule (linear scaling overshoots on a fixed epoch budget)."""
-    given, start_lr = datamodule.batch_size, model.hparams.lr
-    samples = len(datamodule.train_set)
+    given, start_lr = datamodule.batch_size, model.hparams["lr"]
+    samples = sample_count(datamodule.train_set)
     by_steps = 2 ** int(math.log2(max(1, samples // MIN_STEPS_PER_EPOCH)))
     cap = min(BATCH_SIZE_CAP, by_steps)
     first = datamodule.batch_size = min(given, cap)  # a --batch-size already past the limit starts at the limit
@@ -145,9 +145,9 @@ def find_batch_size(tuner: Any, model: ClassifierModule, datamodule: TensorDataM
               f"its trial limit, {first} x 2^{FINDER_TRIALS}": first * 2**FINDER_TRIALS}
     hit = next((name for name, value in limits.items() if found >= value), None)
     how = f"stopped at {hit}; not a memory limit" if hit else "the largest that fit in memory"
-    model.hparams.lr = start_lr * math.sqrt(found / given)
+    model.hparams["lr"] = start_lr * math.sqrt(found / given)
     rank_zero_info(f"batch-size finder: --batch-size {found} ({how}); "
-                   f"lr {start_lr:g} x sqrt({found}/{given}) = {model.hparams.lr:.4g}")
+                   f"lr {start_lr:g} x sqrt({found}/{given}) = {model.hparams['lr']:.4g}")
 
 
 def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, trainer: L.Trainer) -> None:
@@ -165,7 +165,7 @@ def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, t
     if finder is None:
         return
     lrs = finder.results["lr"]
-    picked = pick_lr(lrs, finder.results["loss"], model.hparams.scheduler)
+    picked = pick_lr(lrs, finder.results["loss"], model.hparams["scheduler"])
     plot = run_dir(trainer) / "lr_find.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     figure = finder.plot(suggest=False)
@@ -174,16 +174,16 @@ def find_lr(tuner: Any, model: ClassifierModule, datamodule: TensorDataModule, t
     elif picked[0] >= lrs[-1]:  # the test ended before the loss turned up: no edge seen
         outcome = f"the loss never turned up before the range test's end (lr {lrs[-1]:.3g})"
     else:
-        edge, model.hparams.lr = picked
-        figure.axes[0].axvline(model.hparams.lr, color="tab:red", linestyle="--",
-                               label=f"chosen {model.hparams.lr:.3g}")
+        edge, model.hparams["lr"] = picked
+        figure.axes[0].axvline(model.hparams["lr"], color="tab:red", linestyle="--",
+                               label=f"chosen {model.hparams['lr']:.3g}")
         figure.axes[0].legend()
         figure.savefig(plot)
         rank_zero_info(f"LR finder: loss within {EDGE_TOLERANCE - 1:.0%} of its lowest up to lr {edge:.3g}; using "
-                       f"{model.hparams.lr:.4g} for --scheduler {model.hparams.scheduler} (plot: {plot})")
+                       f"{model.hparams['lr']:.4g} for --scheduler {model.hparams['scheduler']} (plot: {plot})")
         return
     figure.savefig(plot)
-    rank_zero_info(f"LR finder: {outcome}; keeping lr {model.hparams.lr:.4g} (plot: {plot})")
+    rank_zero_info(f"LR finder: {outcome}; keeping lr {model.hparams['lr']:.4g} (plot: {plot})")
 
 
 def pick_lr(lrs: list[float], losses: list[float], scheduler: str) -> tuple[float, float] | None:
