@@ -120,7 +120,7 @@ def main() -> int:
         seconds = float(os.environ["STEP_SECONDS"])
         steps_per_call.measure_step_seconds = lambda *args, **kwargs: seconds
         steps_per_call.AutoStepsPerCall.on_train_batch_end = \
-            lambda self, trainer, *args: steps_per_call.retime(
+            lambda self, trainer, module, *args: steps_per_call.stepper_of(module).retime(
                 trainer, steps_per_call.StepTimes(seconds, steps_per_call.FIXED_COST_GUESS_S))
     train_script = _load_train_script()
     plain_train = run.train

@@ -80,8 +80,9 @@ MUTANTS = (
            ("tests/test_device_step.py::test_a_step_whose_gradients_overflow_changes_nothing_but_the_loss_scale",)),
     Mutant("auto-never-follows-the-run", "auto steps per call recovers from a first measure taken under load",
            "project/training/steps_per_call.py",
-           '    """Set K from the run\'s measured times, where it moved by more than a quarter."""\n',
-           '    """Set K from the run\'s measured times, where it moved by more than a quarter."""\n    return\n',
+           '        """Set K from the run\'s measured times, where it moved by more than a quarter."""\n',
+           '        """Set K from the run\'s measured times, where it moved by more than a quarter."""\n'
+           '        return\n',
            ("tests/test_steps_per_call.py::test_auto_follows_the_runs_own_steps_and_fixed_cost",)),
     Mutant("save-in-place", "a crash during a save leaves the previous file intact",
            "project/reliability/checkpointing.py",
@@ -147,7 +148,8 @@ MUTANTS = (
            ("tests/test_choosing_runs.py::test_resume_last_alone_continues_the_run_with_its_own_settings",)),
     # Written by someone who had not seen the tests: each breaks a promise of the README or docs.
     Mutant("auto-moves-only-by-a-whole-k", "auto steps per call follows the run's steps when they move by a quarter",
-           "project/training/steps_per_call.py", "    if abs(k - now) > now / 4:", "    if abs(k - now) > now:",
+           "project/training/steps_per_call.py", "        if abs(k - self.k) > self.k / 4:",
+           "        if abs(k - self.k) > self.k:",
            ("tests/test_steps_per_call.py::test_auto_follows_the_runs_own_steps_and_fixed_cost",)),
     Mutant("augmentation-same-every-epoch", "augmentation is seeded by seed, epoch and sample",
            "project/training/tensor_data.py", "hash((self.seed, epoch, index))", "hash((self.seed, index))",

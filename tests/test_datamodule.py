@@ -9,6 +9,7 @@ from project.training.tensor_data import (
     EpochShardSampler,
     EpochShuffleSampler,
     EvalShardSampler,
+    StepGroups,
     TensorPairs,
     epoch_order,
 )
@@ -156,7 +157,8 @@ def test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was(
                                    accelerator="cpu"), datamodule=shared, callbacks=[seen], test=False)
         assert (result.optimizer_steps, result.steps_per_call) == (steps, k)
         assert seen.data is not shared and seen.data.train_set is loaded
-        assert (seen.data.batch_size, seen.data.steps_per_call, seen.data.grouped) == (batch_size, k, k > 1)
+        assert seen.data.batch_size == batch_size
+        assert type(seen.data._train_sampler) is (StepGroups if k > 1 else EpochBatches)  # as the run's stepper made
     assert settings() == before and shared.train_set is loaded
 
 

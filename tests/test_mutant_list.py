@@ -27,3 +27,16 @@ def test_each_mutants_tests_exist():
             if f"def {function}(" not in (ROOT / path).read_text(encoding="utf-8"):
                 missing.append(f"{mutant.name}: {node}")
     assert missing == []
+
+
+def test_each_mutated_python_file_still_compiles():
+    """A mutant that breaks the syntax is caught by any test that imports its file: it would prove nothing."""
+    broken = []
+    for mutant in MUTANTS:
+        if mutant.file.endswith(".py"):
+            source = (ROOT / mutant.file).read_text(encoding="utf-8").replace(mutant.original, mutant.mutated)
+            try:
+                compile(source, mutant.file, "exec")
+            except SyntaxError as err:
+                broken.append(f"{mutant.name}: {err.msg} at line {err.lineno}")
+    assert broken == []

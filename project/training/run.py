@@ -206,9 +206,7 @@ def plan_run(asked: RunConfig, recipe: Recipe, given: TensorDataModule | None, t
     RunFolder.check_outputs_writable(config)
     stepper = Stepper(plan_steps(config, source, lambda trial: build_model(trial, recipe),
                                  resume.auto_steps_per_call() if resume else None))
-    step_plan = stepper.plan
-    datamodule = source.for_run(config.batch_size, config.eval_batch_size, step_plan.steps.k, step_plan.grouped,
-                                step_plan.group_ends_every)
+    datamodule = source.for_run(config.batch_size, config.eval_batch_size, stepper.train_batches)
     model = build_model(config, recipe, stepper)
     load_initial_weights(model, config, recipe)
     if resume is not None:
@@ -225,7 +223,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
     """Fit, test and record the planned run in its claimed folder (``folder`` on rank 0; ``version``: its name)."""
     config, datamodule, model, resume = plan.config, plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
-        stopper, record = StopAtSafePoints(signals), RunRecord(config, lambda: datamodule.steps_per_call)
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, lambda: plan.stepper.k)
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None,
                                 version=version)
@@ -248,7 +246,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
                 peak_memory_mb=peak_memory_mb(device), device=str(device),
                 epoch_times=stats.epoch_times if stats else [], best_checkpoint=best, last_checkpoint=last,
                 config_file=config_file, optimizer_steps=trainer.global_step,
-                steps=plan.stepper.taken(datamodule.steps_per_call),
+                steps=plan.stepper.taken(),
                 lr_scaling=tuning.scaling if tuning is not None else None,
             )
             if trainer.is_global_zero and not config.fast_dev_run:

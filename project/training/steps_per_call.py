@@ -33,7 +33,7 @@ from project.config.validators import changes_the_default
 from project.errors import UsageError
 from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
 from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar, log_every
-from project.training.tensor_data import batches_of, tensor_datamodule
+from project.training.tensor_data import EpochBatches, StepGroups, batches_of, tensor_datamodule
 
 AUTO_MAX = 64
 # The fixed cost of one Lightning step (its loop, hooks and callbacks, the template's own): auto chooses K so that
@@ -155,11 +155,34 @@ class Stepper:
 
     def __init__(self, plan: StepPlan) -> None:
         self.plan = plan
+        self.k = plan.steps.k  # optimizer steps per Lightning step, now: auto follows the run's step time
         grouped_on_device = plan.grouped and plan.mode is not StepMode.OFF
         self.runner = StepRunner(plan.mode, self._timed) if grouped_on_device else None
         self.step_seconds: float | None = None  # of a captured step, timed after its capture
         self.timed: StepTimes | None = None  # the run's own steps and calls, as auto timed them on CPU
         self._trainer: L.Trainer | None = None
+        self._groups: StepGroups | None = None  # the groups being handed out, which a new K reaches at once
+
+    def train_batches(self, size: int, batch_size: int, seed: int, device: torch.device,
+                      position: Callable[[], tuple[int, int]]) -> EpochBatches:
+        """The run's training batches in memory (``TensorDataModule.for_run``): one per Lightning step, or groups
+        of K that end early where a step is logged or checkpointed."""
+        if not self.plan.grouped:
+            return EpochBatches(size, batch_size, seed, device, position)
+        self._groups = StepGroups(size, batch_size, seed, device, position, self.k, self.plan.group_ends_every)
+        return self._groups
+
+    def use(self, k: int) -> None:
+        """Groups of ``k`` batches from the next group on."""
+        self.k = k
+        if self._groups is not None:
+            self._groups.k = k
+
+    def retime(self, trainer: L.Trainer, times: StepTimes) -> None:
+        """Set K from the run's measured times, where it moved by more than a quarter."""
+        k = steps_for(times.step_seconds, log_every(trainer), times.fixed_seconds)
+        if abs(k - self.k) > self.k / 4:
+            self.use(k)
 
     @property
     def automatic(self) -> bool:
@@ -180,20 +203,21 @@ class Stepper:
     def _timed(self, step_seconds: float) -> None:
         self.step_seconds = step_seconds
         if self.plan.follows_timing and self._trainer is not None:
-            retime(self._trainer, StepTimes(step_seconds, FIXED_COST_GUESS_S))
+            self.retime(self._trainer, StepTimes(step_seconds, FIXED_COST_GUESS_S))
 
     def follow(self, trainer: L.Trainer, times: StepTimes) -> None:
         """The run's own times, measured as it goes (``AutoStepsPerCall``): K follows them."""
         self.timed = times
         if self.plan.follows_timing:
-            retime(trainer, times)
+            self.retime(trainer, times)
 
-    def taken(self, k: int) -> StepsTaken:
-        """How the steps ran in the end (``k``: the K the run ended with)."""
+    def taken(self) -> StepsTaken:
+        """How the steps ran in the end."""
         runner = self.runner
         if runner is not None and runner.mode is StepMode.OFF:
-            return StepsTaken(self.plan.steps, k, self.step_seconds, StepMode.OFF, runner.reason, self.timed)
-        return StepsTaken(self.plan.steps, k, self.step_seconds, self.plan.mode, self.plan.mode_reason, self.timed)
+            return StepsTaken(self.plan.steps, self.k, self.step_seconds, StepMode.OFF, runner.reason, self.timed)
+        return StepsTaken(self.plan.steps, self.k, self.step_seconds, self.plan.mode, self.plan.mode_reason,
+                          self.timed)
 
 
 @dataclass(frozen=True)
@@ -407,14 +431,6 @@ class AutoStepsPerCall(Callback):
             stepper_of(pl_module).follow(trainer, StepTimes(statistics.median(g.step_seconds for g in self._groups),
                                                         statistics.median(g.fixed_seconds for g in self._groups)))
         self._ended = (now, step, fetched)
-
-
-def retime(trainer: L.Trainer, times: StepTimes) -> None:
-    """Set K from the run's measured times, where it moved by more than a quarter."""
-    datamodule = tensor_datamodule(trainer)
-    k, now = steps_for(times.step_seconds, log_every(trainer), times.fixed_seconds), datamodule.steps_per_call
-    if abs(k - now) > now / 4:
-        datamodule.use_steps_per_call(k)
 
 
 class SharedStepCount(Callback):

@@ -5,8 +5,9 @@ A recipe subclasses ``TensorDataModule`` and says what its data is (``input_shap
 ``num_classes``, the normalisation) and how to load it: ``load_tensors`` (the whole split in memory,
 on the run's device, batched by one gather) or ``load_samples`` (a per-sample ``Dataset``, e.g. a
 folder of image files, read by DataLoader workers). The split, the samplers that make resume exact
-(a seeded per-epoch shuffle that resumes mid-epoch, unpadded eval shards), steps per call,
-augmentation seeding and DDP sharding are the same for every recipe.
+(a seeded per-epoch shuffle that resumes mid-epoch, unpadded eval shards), augmentation seeding
+and DDP sharding are the same for every recipe; how many batches a Lightning step takes is the
+run's ``Stepper``'s to say (``for_run``).
 
 Lightning learns a fit's batches and steps only inside ``fit()``, after the run folder exists;
 settings that cannot work are refused here instead (``train_batches``, ``planned_steps``), before
@@ -181,6 +182,10 @@ class EpochBatches(Sampler[torch.Tensor]):
                 batches += 1
             yield order[start: start + batches * self.batch_size]
             start, step = start + batches * self.batch_size, step + batches
+
+
+# What makes a run's in-memory training batches: (samples, batch size, seed, device, position) -> the sampler.
+TrainBatches = Callable[[int, int, int, torch.device, Callable[[], tuple[int, int]]], "EpochBatches"]
 
 
 class StepGroups(EpochBatches):
@@ -388,10 +393,7 @@ class TensorDataModule(L.LightningDataModule):
         self.test_set: Dataset | None = None
         self._resume_at: tuple[int, int] | None = None
         self._train_sampler: EpochShuffleSampler | EpochShardSampler | EpochBatches | None = None
-        # Optimizer steps per Lightning step, and the step counts at which a group must end.
-        self.steps_per_call = 1
-        self.grouped = False  # groups of batches, one per Lightning step, the module stepping the optimizer itself
-        self.group_ends_every: tuple[int, ...] = ()
+        self.train_batches: TrainBatches = EpochBatches  # how a run hands out its batches in memory, step by step
 
     # ------------------------------------------------------------------ what a recipe provides
 
@@ -537,32 +539,23 @@ class TensorDataModule(L.LightningDataModule):
                           pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
 
     def _train_batches(self, size: int, device: torch.device) -> EpochBatches:
-        """Index tensors on the data's device: one batch, or one group of batches, per Lightning step."""
+        """Index tensors on the data's device, per Lightning step as ``train_batches`` makes them."""
         trainer = getattr(self, "trainer", None)
         position = (lambda: (trainer.current_epoch, trainer.global_step)) if trainer is not None else (lambda: (0, 0))
-        kind = StepGroups if self.grouped else EpochBatches
-        batches = self._train_sampler = kind(size, self.batch_size, self.seed, device, position, self.steps_per_call,
-                                             self.group_ends_every)
+        batches = self._train_sampler = self.train_batches(size, self.batch_size, self.seed, device, position)
         if self._resume_at is not None:
             batches.resume(*self._resume_at)
         return batches
 
-    def for_run(self, batch_size: int, eval_batch_size: int, k: int, grouped: bool,
-                group_ends_every: tuple[int, ...]) -> TensorDataModule:
-        """This data as one planned run takes it: its batch sizes, and one batch per Lightning step or groups of ``k``
-        (with the step counts at which a group must end). A copy sharing the splits loaded already (a sweep's
-        trials load them once); this datamodule is left as it was."""
+    def for_run(self, batch_size: int, eval_batch_size: int, train_batches: TrainBatches = EpochBatches
+                ) -> TensorDataModule:
+        """This data as one planned run takes it: its batch sizes, and how it hands out its training batches in
+        memory (the run's ``Stepper`` says: a batch per Lightning step, or a group). A copy sharing the splits loaded
+        already (a sweep's trials load them once); this datamodule is left as it was."""
         run = copy.copy(self)
-        run.batch_size, run.eval_batch_size = batch_size, eval_batch_size
-        run.steps_per_call, run.grouped, run.group_ends_every = k, grouped, group_ends_every
+        run.batch_size, run.eval_batch_size, run.train_batches = batch_size, eval_batch_size, train_batches
         run._train_sampler, run._resume_at = None, None
         return run
-
-    def use_steps_per_call(self, k: int) -> None:
-        """Hand out groups of ``k`` batches from the next group on (``auto`` follows the run's step time)."""
-        self.steps_per_call = k
-        if isinstance(self._train_sampler, StepGroups):
-            self._train_sampler.k = k
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.per_sample:
