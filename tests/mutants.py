@@ -642,6 +642,10 @@ MUTANTS = (
     Mutant('in-memory-augment-ignored', "an augment the recipe's data never passes through is refused, not ignored",
            'project/training/tensor_data.py', 'if not self.per_sample and own.augment is not None:', 'if False:',
            ("tests/test_changing_it.py::test_an_augment_on_mnist_held_in_memory_is_refused_by_the_api_and_the_checks",)),
+    Mutant('loggers-may-disagree', "a logger named without its builder is one line before anything trains",
+           'project/training/build.py', '_DISAGREE = registries_problem(LOGGERS, LOGGER_BUILDERS, "LOGGERS", __name__)',
+           '_DISAGREE = None',
+           ("tests/test_changing_it.py::test_a_new_logger_is_its_builder_and_its_name_and_half_of_it_is_one_line",)),
 )
 
 

@@ -27,14 +27,31 @@ def test_an_unknown_optimizer_or_scheduler_is_one_line_naming_the_known_ones():
 
 
 def test_the_registries_name_what_the_command_line_offers():
-    from project import OPTIMIZERS, SCHEDULERS
+    from project import LOGGERS, OPTIMIZERS, SCHEDULERS
+    from project.config.validators import registries_problem
+    from project.training.build import LOGGER_BUILDERS
 
     assert tuple(classifier.OPTIMIZER_BUILDERS) == OPTIMIZERS and tuple(classifier.SCHEDULE_BUILDERS) == SCHEDULERS
-    assert classifier.registries_problem(("sgd", "lion"), {"sgd": None}, "OPTIMIZERS") == (
+    assert tuple(LOGGER_BUILDERS) == LOGGERS
+    where = "project.training.classifier"
+    assert registries_problem(("sgd", "lion"), {"sgd": None}, "OPTIMIZERS", where) == (
         "'lion' is in project.OPTIMIZERS but has no builder in project/training/classifier.py")
-    assert classifier.registries_problem(("sgd",), {"sgd": None, "lion": None}, "OPTIMIZERS") == (
-        "'lion' has a builder but is not in project.OPTIMIZERS (project/__init__.py)")
-    assert classifier.registries_problem(("sgd",), {"sgd": None}, "OPTIMIZERS") is None
+    assert registries_problem(("sgd",), {"sgd": None, "lion": None}, "OPTIMIZERS", where) == (
+        "'lion' has a builder in project/training/classifier.py but is not in project.OPTIMIZERS "
+        "(project/__init__.py)")
+    assert registries_problem(("sgd",), {"sgd": None}, "OPTIMIZERS", where) is None
+
+
+def test_an_unknown_logger_is_one_line_naming_the_known_ones():
+    from project.config.schema import RunConfig
+    from project.config.validators import registered
+    from project.training.build import LOGGER_BUILDERS, build_loggers
+
+    with pytest.raises(UsageError, match=r"^--logger neptune: unknown; choose from tensorboard, csv, wandb, mlflow$"):
+        registered(LOGGER_BUILDERS, "neptune", "--logger")
+    with pytest.raises(UsageError, match=r"^--logger: choose from tensorboard, csv, wandb, mlflow \(comma-separated\), "
+                                         r"got 'csv,neptune'$"):
+        build_loggers(RunConfig(logger="csv,neptune"), None)
 
 
 @pytest.mark.parametrize(("name", "kind", "state"), [("sgd", torch.optim.SGD, "momentum_buffer"),
@@ -71,6 +88,34 @@ def test_a_new_optimizer_is_its_builder_and_its_name_and_half_of_it_is_one_line(
     last = next(logs.glob("*/version_0/checkpoints/last.ckpt"))
     state = torch.load(last, weights_only=True)["optimizer_states"][0]["state"]
     assert all("square_avg" in per_parameter for per_parameter in state.values())  # RMSprop's, no other's
+
+
+PLAIN_CSV = ('    "plain-csv": lambda config, version: CSVLogger(config.logdir, name=config.name, version=version),\n')
+CSV_LINE = '    "csv": lambda config, version: AppendingCSVLogger(config.logdir, name=config.name, version=version),\n'
+LOGGER_NAMES = 'LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")'
+
+
+@pytest.mark.slow
+def test_a_new_logger_is_its_builder_and_its_name_and_half_of_it_is_one_line(tmp_path):
+    template = copy_template(tmp_path / "template")
+    names, builders = template / "project" / "__init__.py", template / "project" / "training" / "build.py"
+    named = LOGGER_NAMES.replace('"mlflow")', '"mlflow", "plain-csv")')
+    names.write_text(names.read_text().replace(LOGGER_NAMES, named))
+    plain = builders.read_text()
+    assert plain.count(CSV_LINE) == 1
+    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+    arguments = ("--logger", "plain-csv", "--max-epochs", "1", "--data-dir", str(data), "--logdir", str(logs), *TINY)
+    half = run_script("train.py", *arguments, root=template)
+    assert half.returncode == 2
+    assert one_line_error(half.stderr).endswith("'plain-csv' is in project.LOGGERS but has no builder in "
+                                                "project/training/build.py")
+    assert not logs.exists()
+    builders.write_text(plain.replace(CSV_LINE, CSV_LINE + PLAIN_CSV))
+    done = run_script("train.py", *arguments, root=template)
+    assert done.returncode == 0, done.stderr
+    run = logs / "tiny" / "version_0"
+    assert "val/acc" in (run / "metrics.csv").read_text().splitlines()[0]  # Lightning's own CSVLogger wrote it
+    assert not list(run.glob("events.out.tfevents.*"))  # and no TensorBoard logger was made
 
 
 @pytest.mark.slow

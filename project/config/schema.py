@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from project import EVAL_BATCH_SIZE, OPTIMIZERS, SCHEDULERS
+from project import EVAL_BATCH_SIZE, LOGGERS, OPTIMIZERS, SCHEDULERS
 from project.config.validators import (
     check_trainer_args,
     count_or_auto,
@@ -44,7 +44,6 @@ from project.errors import UsageError, first_line, not_a_regular_file
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
 
 
 def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: str = "run", *,

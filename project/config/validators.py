@@ -10,7 +10,7 @@ import inspect
 import reprlib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from project.contract import folder_name_problem
@@ -26,6 +26,7 @@ def shown(value: Any) -> str:
 
 
 NumberT = TypeVar("NumberT", int, float)
+BuilderT = TypeVar("BuilderT")
 
 
 def _number(value: Any, kind: type[NumberT]) -> NumberT:
@@ -435,3 +436,23 @@ def describe(hint: Any) -> str:
         elif origin is dict:
             words.append("a mapping")
     return ", ".join(dict.fromkeys(words)) or "a Python object (set it in code)"
+
+
+def registries_problem(names: tuple[str, ...], builders: Mapping[str, Any], where: str, module: str) -> str | None:
+    """Why a registry (in ``module``) and the names the command line offers (``project.<where>``) disagree; None
+    where they agree."""
+    file = module.replace(".", "/") + ".py"
+    unbuilt = [name for name in names if name not in builders]
+    if unbuilt:
+        return f"{unbuilt[0]!r} is in project.{where} but has no builder in {file}"
+    unnamed = [name for name in builders if name not in names]
+    if unnamed:
+        return f"{unnamed[0]!r} has a builder in {file} but is not in project.{where} (project/__init__.py)"
+    return None
+
+
+def registered(registry: Mapping[str, BuilderT], name: str, flag: str) -> BuilderT:
+    """The builder ``name`` names, or one line listing the known names."""
+    if name not in registry:
+        raise UsageError(f"{flag} {name}: unknown; choose from {', '.join(registry)}")
+    return registry[name]

@@ -7,7 +7,7 @@ import csv
 import importlib.util
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.config.schema import LOGGERS, RunConfig
-from project.config.validators import names_from
+from project import LOGGERS
+from project.config.schema import RunConfig
+from project.config.validators import names_from, registered, registries_problem
 from project.contract import Recipe
 from project.errors import UsageError, first_line
 from project.internals import file_writer, opened_experiment
@@ -81,33 +82,52 @@ def _listed(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
+def _installed(package: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise UsageError(f"--logger {package} needs the {package} package: pip install -e '.[{package}]'")
+
+
+def _wandb(config: RunConfig, version: int | str | None) -> Logger:
+    _installed("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    return WandbLogger(project=config.name, save_dir=config.logdir)
+
+
+def _mlflow(config: RunConfig, version: int | str | None) -> Logger:
+    _installed("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    return MLFlowLogger(experiment_name=config.name, save_dir=str(Path(config.logdir) / "mlruns"))
+
+
+# --logger NAME -> its builder, given the run's config and folder name (None: the next version_N). A logger that
+# writes into LOGDIR/NAME/VERSION takes ``version``; the engine's TensorBoard and CSV loggers always do.
+LOGGER_BUILDERS: dict[str, Callable[[RunConfig, int | str | None], Logger]] = {
+    "tensorboard": lambda config, version: OneFileTensorBoardLogger(config.logdir, name=config.name, version=version,
+                                                                    default_hp_metric=False),
+    "csv": lambda config, version: AppendingCSVLogger(config.logdir, name=config.name, version=version),
+    "wandb": _wandb,
+    "mlflow": _mlflow,
+}
+_DISAGREE = registries_problem(LOGGERS, LOGGER_BUILDERS, "LOGGERS", __name__)
+if _DISAGREE:
+    raise UsageError(_DISAGREE)
+
+
 def build_loggers(config: RunConfig, version: str | None) -> list[Logger]:
     """``--logger tensorboard,csv,...``: all write into the same run folder, ``LOGDIR/NAME/VERSION`` (``version``: the
     claimed folder's name; None: the loggers' next ``version_N``)."""
     try:  # the setting's own check, for a RunConfig built in code too
-        names = names_from(*LOGGERS)(config.logger).split(",")
+        names = names_from(*LOGGER_BUILDERS)(config.logger).split(",")
     except ValueError as err:
         raise UsageError(f"--logger: {err}") from None
-    for name in ("wandb", "mlflow"):
-        if name in names and importlib.util.find_spec(name) is None:
-            raise UsageError(f"--logger {name} needs the {name} package: pip install -e '.[{name}]'")
+    builders = [registered(LOGGER_BUILDERS, name, "--logger") for name in names]
     loggers: list[Logger] = []
     joined: int | str | None = version
-    for name in names:
-        if name == "tensorboard":
-            logger: Logger = OneFileTensorBoardLogger(config.logdir, name=config.name, version=joined,
-                                                      default_hp_metric=False)
-        elif name == "csv":
-            logger = AppendingCSVLogger(config.logdir, name=config.name, version=joined)
-        elif name == "wandb":
-            from lightning.pytorch.loggers import WandbLogger
-
-            logger = WandbLogger(project=config.name, save_dir=config.logdir)
-        else:
-            from lightning.pytorch.loggers import MLFlowLogger
-
-            logger = MLFlowLogger(experiment_name=config.name, save_dir=str(Path(config.logdir) / "mlruns"))
-        if joined is None and name in ("tensorboard", "csv"):
+    for build in builders:
+        logger = build(config, joined)
+        if joined is None and isinstance(logger, (TensorBoardLogger, CSVLogger)):
             joined = logger.version  # the next loggers join this run's folder
         loggers.append(logger)
     return loggers

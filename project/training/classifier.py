@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 
 from project import OPTIMIZERS, SCHEDULERS
+from project.config.validators import registered, registries_problem
 from project.errors import CheckpointError, UsageError
 from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
@@ -29,7 +30,6 @@ from project.training.steps_per_call import Stepper, lightnings_own_steps
 from project.training.tensor_data import tensor_datamodule
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-T = TypeVar("T")
 
 
 def default_warmup(total_steps: int) -> int:
@@ -136,28 +136,10 @@ SCHEDULE_BUILDERS: dict[str, Callable[[torch.optim.Optimizer, ScheduleSettings],
 }
 
 
-def registries_problem(names: tuple[str, ...], builders: dict[str, Any], where: str) -> str | None:
-    """Why a registry and the names the command line offers disagree (None: they agree)."""
-    unbuilt = [name for name in names if name not in builders]
-    if unbuilt:
-        return f"{unbuilt[0]!r} is in project.{where} but has no builder in project/training/classifier.py"
-    unnamed = [name for name in builders if name not in names]
-    if unnamed:
-        return f"{unnamed[0]!r} has a builder but is not in project.{where} (project/__init__.py)"
-    return None
-
-
-_DISAGREE = registries_problem(OPTIMIZERS, OPTIMIZER_BUILDERS, "OPTIMIZERS") or \
-    registries_problem(SCHEDULERS, SCHEDULE_BUILDERS, "SCHEDULERS")
+_DISAGREE = registries_problem(OPTIMIZERS, OPTIMIZER_BUILDERS, "OPTIMIZERS", __name__) or \
+    registries_problem(SCHEDULERS, SCHEDULE_BUILDERS, "SCHEDULERS", __name__)
 if _DISAGREE:  # at import, in one line: before any run could train with something else
     raise UsageError(_DISAGREE)
-
-
-def registered(registry: dict[str, T], name: str, flag: str) -> T:
-    """The builder ``name`` names, or one line listing the known names."""
-    if name not in registry:
-        raise UsageError(f"{flag} {name}: unknown; choose from {', '.join(registry)}")
-    return registry[name]
 
 
 def optimizer_and_schedule(parameters: Any, optimizer: str, lr: float, momentum: float, weight_decay: float,
