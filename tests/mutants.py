@@ -144,7 +144,8 @@ MUTANTS = (
            "project/training/tuning.py", "SKIP_FIRST = 25", "SKIP_FIRST = 0",
            ("tests/test_gpu_toolkit.py::test_the_lr_finder_picks_a_share_of_where_the_loss_turns_up",)),
     Mutant("resume-forgets-the-runs-settings", "--resume last alone continues the run with its own settings",
-           "project/reliability/resume.py", "if key in saved and\n               key not in given}", "if False}",
+           "project/reliability/resume.py", "\n               if key in saved and key not in given}",
+           "\n               if False}",
            ("tests/test_choosing_runs.py::test_resume_last_alone_continues_the_run_with_its_own_settings",)),
     # Written by someone who had not seen the tests: each breaks a promise of the README or docs.
     Mutant("auto-moves-only-by-a-whole-k", "auto steps per call follows the run's steps when they move by a quarter",
@@ -454,8 +455,8 @@ MUTANTS = (
            'project/scaffold.py', 'if p.is_dir() and not p.name.startswith(".")', 'if p.is_dir()',
            ("tests/test_new_recipe.py::test_hidden_folders_of_images_are_passed_over_not_made_classes",)),
     Mutant('clipping-forgotten-by-auto', "--trainer.gradient_clip_val under --steps-per-call auto trains with K = 1",
-           'project/training/steps_per_call.py', '("accumulate_grad_batches", "gradient_clip_val", ',
-           '("accumulate_grad_batches", ',
+           'project/config/schema.py', '"gradient_clip_val": TrainerArgument(trains=True, counts_steps=True),',
+           '"gradient_clip_val": TrainerArgument(trains=True, counts_steps=False),',
            ("tests/test_steps_per_call.py::test_clipping_under_auto_trains_one_step_per_call_and_clips",)),
     Mutant('eval-batch-size-ignored', "validation and test run in batches of --eval-batch-size",
            'project/training/run.py', 'source.for_run(config.batch_size, config.eval_batch_size,',
@@ -646,6 +647,12 @@ MUTANTS = (
            'project/training/build.py', '_DISAGREE = registries_problem(LOGGERS, LOGGER_BUILDERS, "LOGGERS", __name__)',
            '_DISAGREE = None',
            ("tests/test_changing_it.py::test_a_new_logger_is_its_builder_and_its_name_and_half_of_it_is_one_line",)),
+    Mutant('resume-ignores-what-a-setting-says', "a setting marked as training is kept by a resume, with no other list",
+           'project/config/schema.py',
+           'TRAINING_SETTINGS = tuple(name for name, spec in ENGINE_SETTINGS.items() if spec.trains)',
+           'TRAINING_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", '
+           '"val_size", "batch_size", "precision", "scale_lr")',
+           ("tests/test_changing_it.py::test_a_new_training_setting_declared_in_schema_alone_is_kept_by_a_resume",)),
 )
 
 

@@ -180,3 +180,28 @@ def test_an_augment_added_to_mnists_data_py_is_one_line_from_train_py(tmp_path):
                       env={"PROJECT_RECIPE": "project.recipe"})
     assert done.returncode == 2 and one_line_error(done.stderr) == f"train.py: error: {IN_MEMORY_AUGMENT}"
     assert not logs.exists()
+
+
+SEED_LINE = ('    seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe", '
+             'trains=True)\n')
+KNOB_LINE = '    knob: float = setting(0.0, non_negative_float, "a new training setting", "recipe", trains=True)\n'
+
+
+@pytest.mark.slow
+def test_a_new_training_setting_declared_in_schema_alone_is_kept_by_a_resume(tmp_path):
+    """``trains=True`` where the setting is defined: ``--resume last`` adopts the run's value and refuses another,
+    with no list elsewhere to extend."""
+    template = copy_template(tmp_path / "template")
+    schema = template / "project" / "config" / "schema.py"
+    assert schema.read_text().count(SEED_LINE) == 1
+    schema.write_text(schema.read_text().replace(SEED_LINE, SEED_LINE + KNOB_LINE))
+    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+    common = ("--data-dir", str(data), "--logdir", str(logs), "--scheduler", "none", *TINY)
+    first = run_script("train.py", "--max-epochs", "1", "--knob", "0.5", *common, root=template)
+    assert first.returncode == 0, first.stderr
+    changed = run_script("train.py", "--max-epochs", "2", "--resume", "last", "--knob", "0.7", *common, root=template)
+    assert changed.returncode == 1
+    assert "--knob 0.7: the checkpoint's run trained with --knob 0.5" in one_line_error(changed.stderr)
+    adopted = run_script("train.py", "--max-epochs", "2", "--resume", "last", *common, root=template)
+    assert adopted.returncode == 0, adopted.stderr
+    assert "with its run's settings: --knob 0.5" in adopted.stderr

@@ -167,8 +167,8 @@ def test_resume_last_alone_continues_the_run_with_its_own_settings(data, tmp_pat
     assert (config.seed, config.lr, config.scheduler, config.max_epochs, config.batch_size, config.val_size,
             config.trainer["gradient_clip_val"]) == (3, 0.05, "cosine", 3, 32, 40, 0.5)
     checkpoint = tmp_path / "stopped" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
-    assert f"resuming {checkpoint} with its run's settings: --lr 0.05, --scheduler cosine, --seed 3, --val-size 40, " \
-           "--batch-size 32, --max-epochs 3, --trainer.gradient_clip_val 0.5\n" in caplog.text
+    assert f"resuming {checkpoint} with its run's settings: --batch-size 32, --lr 0.05, --scheduler cosine, " \
+           "--seed 3, --val-size 40, --max-epochs 3, --trainer.gradient_clip_val 0.5\n" in caplog.text
     resumed = train(config)
     weights = torch.load(resumed.run_dir / "model.pth", weights_only=True)
     reference = torch.load(uninterrupted.run_dir / "model.pth", weights_only=True)

@@ -47,13 +47,15 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 
 def setting(default: Any, check: Callable[[Any], Any], help: str = "", group: str = "run", *,
-            const: Any = None, saved: bool = True, metavar: str | None = None) -> Any:
+            const: Any = None, saved: bool = True, metavar: str | None = None, trains: bool = False) -> Any:
     """A field of ``RunConfig``: its check, help text, help group and command-line shape.
 
     ``saved=False`` marks what belongs to one invocation (resume, export, ...), not to the run's
-    recipe: it stays out of ``config.yaml``.
+    recipe: it stays out of ``config.yaml``. ``trains=True`` marks what changes what is trained: a
+    resume keeps the run's value (``--resume last`` adopts it, another is refused).
     """
-    metadata = {"check": check, "help": help, "group": group, "const": const, "saved": saved, "metavar": metavar}
+    metadata = {"check": check, "help": help, "group": group, "const": const, "saved": saved, "metavar": metavar,
+                "trains": trains}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -70,6 +72,7 @@ class Setting:
     const: Any = None
     saved: bool = True
     metavar: str | None = None
+    trains: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class RunConfig:
     num_nodes: int = setting(1, positive_int, "machines taking part (multi-node DDP)", "hardware")
     strategy: str = setting("auto", text, "Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...", "hardware")
     precision: str = setting("32", one_of(*PRECISIONS), "32, 64, 16-mixed, bf16-mixed, 16-true, bf16-true "
-                             "(16-mixed on CPU uses bf16-mixed)", "hardware", metavar="PRECISION")
+                             "(16-mixed on CPU uses bf16-mixed)", "hardware", metavar="PRECISION", trains=True)
     gpu_memory_fraction: float | None = setting(None, optional(memory_fraction), "cap each process's CUDA memory "
                                                 "at this share of its GPU (0 < F <= 1)", "hardware", metavar="F")
     device_stats: bool = setting(False, flag, "log device utilisation (DeviceStatsMonitor)", "hardware")
@@ -104,31 +107,33 @@ class RunConfig:
                                         "less Lightning overhead); auto measures", "hardware", metavar="K|auto")
     # recipe
     max_epochs: int = setting(10, positive_int, "", "recipe")
-    batch_size: int = setting(64, positive_int, "per device", "recipe")
+    batch_size: int = setting(64, positive_int, "per device", "recipe", trains=True)
     eval_batch_size: int = setting(EVAL_BATCH_SIZE, positive_int, "per device, for validation and test", "recipe")
-    optimizer: str = setting("adamw", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe")
-    lr: float = setting(1e-3, learning_rate, "peak LR under onecycle", "recipe")
+    optimizer: str = setting("adamw", one_of(*OPTIMIZERS), "sgd (Nesterov when momentum > 0), adam, adamw", "recipe",
+                             trains=True)
+    lr: float = setting(1e-3, learning_rate, "peak LR under onecycle", "recipe", trains=True)
     momentum: float = setting(0.9, non_negative_float, "SGD only (Nesterov when > 0); under onecycle, "
-                                     "the momentum cycles 0.95-0.85-0.95 instead (0 turns it off)", "recipe")
-    weight_decay: float = setting(0.01, non_negative_float, "", "recipe")
+                                     "the momentum cycles 0.95-0.85-0.95 instead (0 turns it off)", "recipe",
+                              trains=True)
+    weight_decay: float = setting(0.01, non_negative_float, "", "recipe", trains=True)
     scheduler: str = setting("cosine", one_of(*SCHEDULERS), "onecycle, cosine (with linear warm-up) or none; "
-                             "per optimizer step", "recipe")
+                             "per optimizer step", "recipe", trains=True)
     warmup_steps: int | None = setting(None, optional(non_negative_int), "cosine's linear warm-up (default: 5%% "
-                                       "of the run's steps)", "recipe", metavar="N")
+                                       "of the run's steps)", "recipe", metavar="N", trains=True)
     scale_lr: bool | str = setting("auto", flag_or_auto, "linear scaling rule: lr x global batch / the recipe's "
                                    "--batch-size (auto: when the run has several processes, whose global batch "
-                                   "grows with them)", "recipe")
+                                   "grows with them)", "recipe", trains=True)
     find_lr: bool = setting(False, flag, "run Lightning's LR finder first and use its pick", "recipe")
     find_batch_size: bool = setting(False, flag, "run Lightning's batch-size finder first and use it", "recipe")
     early_stopping: int | None = setting(None, optional(positive_int), "stop when val/acc has not improved for "
                                          "this many validations (EarlyStopping)", "recipe", metavar="PATIENCE")
-    seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe")
+    seed: int = setting(0, seed_value, "seeds the split, the data order and the weights", "recipe", trains=True)
     deterministic: bool = setting(False, flag, "use only deterministic algorithms", "recipe")
     # data
     data_dir: str | None = setting(None, optional(text), "the recipe's data", "data")
     val_size: int | float | None = setting(None, optional(size_or_share), "samples of the training set held out for "
                                            "validation, or a share (0.1) (default: the recipe's)", "data",
-                                           metavar="N|SHARE")
+                                           metavar="N|SHARE", trains=True)
     num_workers: int = setting(0, non_negative_int, "DataLoader workers reading samples (recipes that read "
                                "per sample)", "data")
     pin_memory: bool = setting(False, flag, "pinned host memory for per-sample batches", "data")
@@ -248,6 +253,33 @@ def settings_of(recipe: Recipe) -> dict[str, Setting]:
         found[name] = Setting(option.default, recipe.checked_option(name), option.help, "model",
                               metavar=option.metavar)
     return found
+
+
+# Settings that change what is trained (with the recipe's options): a resume keeps them.
+TRAINING_SETTINGS = tuple(name for name, spec in ENGINE_SETTINGS.items() if spec.trains)
+
+
+@dataclass(frozen=True)
+class TrainerArgument:
+    """What a ``--trainer.KEY`` argument is to the engine."""
+
+    trains: bool  # changes what is trained: a resume keeps the run's value
+    counts_steps: bool  # counts Lightning steps: a run takes one optimizer step per Lightning step (auto K is 1)
+
+
+# The Trainer arguments the engine must know more of than their signature says; any other passes as it is.
+TRAINER_ARGUMENTS = {
+    "accumulate_grad_batches": TrainerArgument(trains=True, counts_steps=True),
+    "gradient_clip_val": TrainerArgument(trains=True, counts_steps=True),
+    "gradient_clip_algorithm": TrainerArgument(trains=True, counts_steps=True),
+    "limit_train_batches": TrainerArgument(trains=True, counts_steps=True),
+    "max_steps": TrainerArgument(trains=True, counts_steps=True),
+    "min_steps": TrainerArgument(trains=False, counts_steps=True),
+    "overfit_batches": TrainerArgument(trains=False, counts_steps=True),
+    "val_check_interval": TrainerArgument(trains=False, counts_steps=True),
+    "reload_dataloaders_every_n_epochs": TrainerArgument(trains=False, counts_steps=True),
+    "use_distributed_sampler": TrainerArgument(trains=False, counts_steps=True),
+}
 
 
 # Trainer arguments that are also first-class settings: ``--trainer.max_epochs`` is ``--max-epochs``.

@@ -14,7 +14,7 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
-from project.config.schema import RunConfig
+from project.config.schema import TRAINER_ARGUMENTS, TRAINING_SETTINGS, RunConfig
 from project.config.validators import same_trainer_value, trainer_default
 from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
@@ -22,12 +22,9 @@ from project.reliability import run_folder
 from project.reliability.checkpointing import check_trained_by, data_position, read_checkpoint
 from project.reliability.run_folder import RunFolder, finished_results, remove_partial_files, roll_back_logs
 
-# Settings that change what is trained (with the recipe's options). A resume must keep them; --init-from starts a
-# new run instead.
-TRAINED = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", "val_size",
-           "batch_size", "precision", "scale_lr")
-TRAINED_TRAINER_ARGS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
-                        "limit_train_batches", "max_steps")
+# What a resume must keep, as each setting says of itself (``setting(..., trains=True)``, ``TRAINER_ARGUMENTS``);
+# --init-from starts a new run instead.
+TRAINED_TRAINER_ARGS = tuple(key for key, argument in TRAINER_ARGUMENTS.items() if argument.trains)
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ def _trained_with(checkpoint: dict[str, Any], config: RunConfig) -> dict[str, An
     hyperparameters say of them."""
     record = checkpoint.get("run_record", {})
     return record.get("config") or {key: value for key, value in checkpoint.get("hyper_parameters", {}).items()
-                                    if key in (*TRAINED, *config.options)}
+                                    if key in (*TRAINING_SETTINGS, *config.options)}
 
 
 def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe) -> RunConfig:
@@ -119,8 +116,8 @@ def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe
     checkpoint = read_checkpoint(path, mmap=True)  # its settings: the weights are read by the resume
     check_trained_by(checkpoint, path, recipe)
     saved = _trained_with(checkpoint, config)
-    changes = {key: saved[key] for key in (*TRAINED, *config.options, "max_epochs", "data_dir") if key in saved and
-               key not in given}
+    changes = {key: saved[key] for key in (*TRAINING_SETTINGS, *config.options, "max_epochs", "data_dir")
+               if key in saved and key not in given}
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
                   if key in saved_trainer and f"trainer.{key}" not in given}, **config.trainer}
@@ -143,7 +140,7 @@ def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path, re
     for values in (now, saved):
         if values.get("val_size") is None and "val_size" in saved:
             values["val_size"] = default_val
-    keys = [*TRAINED, *config.options, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
+    keys = [*TRAINING_SETTINGS, *config.options, *(("max_epochs",) if saved.get("scheduler", "none") != "none" else ())]
     differing = [(f"--{key.replace('_', '-')}", saved[key], now.get(key)) for key in keys
                  if key in saved and saved[key] != now.get(key)]
     saved_trainer, trainer = saved.get("trainer", {}), config.trainer

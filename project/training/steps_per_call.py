@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from project import internals
-from project.config.schema import RunConfig
+from project.config.schema import TRAINER_ARGUMENTS, RunConfig
 from project.config.validators import changes_the_default
 from project.errors import UsageError
 from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
@@ -44,10 +44,6 @@ OVERHEAD_SHARE = 0.025
 TIMED_GROUPS = 8  # auto follows the median of the run's last groups: one slow moment moves nothing
 # Strategies whose wrapper must see each forward and backward (sharding, offloading), even on one device.
 WRAPS_THE_FORWARD = ("fsdp", "deepspeed")
-# Trainer arguments that count Lightning steps, or need Lightning's automatic optimization.
-COUNTS_LIGHTNING_STEPS = ("accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
-                          "limit_train_batches", "max_steps", "min_steps", "overfit_batches", "val_check_interval",
-                          "reload_dataloaders_every_n_epochs", "use_distributed_sampler")
 
 
 def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -> str | None:
@@ -64,7 +60,8 @@ def why_one_step(config: RunConfig, world_size: int, per_sample: bool = False) -
         return "the tuners drive Lightning's own loop"
     if per_sample:
         return "the recipe reads its samples one by one from load_samples: a batch per Lightning step"
-    passed = [key for key in COUNTS_LIGHTNING_STEPS if changes_the_default(key, config.trainer)]
+    passed = [key for key, argument in TRAINER_ARGUMENTS.items()
+              if argument.counts_steps and changes_the_default(key, config.trainer)]
     if passed:
         return f"--trainer.{passed[0]} counts Lightning steps"
     return None
