@@ -93,11 +93,12 @@ class UsageError(UserError):
 
 
 class Terminated(UserError):
-    """The run got SIGTERM (a scheduler's pre-emption, ``kill``); its state was saved first. ``prefix`` is what the
-    line starts with after the script's name: none for a stop that was asked for (SLURM's requeue)."""
+    """The run got SIGTERM (a scheduler's pre-emption, ``kill``) or Ctrl-C; its state was saved first. A stop that
+    was asked for is not an error: its line says what stopped it and where, after the script's name alone (its exit
+    status is still a signal's, for the scheduler or shell that waits on it)."""
 
     exit_code = 128 + 15
-    prefix = "error: "
+    prefix = ""
     said = False  # its line is on stderr already (said before the process could be ended)
 
 

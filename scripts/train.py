@@ -23,7 +23,10 @@ def main(recipe: Recipe, config: RunConfig, given: frozenset[str], started: floa
     if config.print_config:
         import yaml
 
-        say(yaml.safe_dump(config.to_mapping(), sort_keys=False).rstrip())
+        from project.config.schema import resolve_data_dir
+
+        used = {**config.to_mapping(), "data_dir": str(resolve_data_dir(config.data_dir).resolve())}  # as the run would
+        say(yaml.safe_dump(used, sort_keys=False).rstrip())
         return 0
     from project.training.run import test_line, train
 

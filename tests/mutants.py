@@ -653,6 +653,18 @@ MUTANTS = (
            'TRAINING_SETTINGS = ("optimizer", "lr", "momentum", "weight_decay", "scheduler", "warmup_steps", "seed", '
            '"val_size", "batch_size", "precision", "scale_lr")',
            ("tests/test_changing_it.py::test_a_new_training_setting_declared_in_schema_alone_is_kept_by_a_resume",)),
+    Mutant('best-names-count-from-0', "checkpoint names count epochs from 1, as the progress lines do",
+           'project/reliability/checkpointing.py', '{**metrics, "epoch": metrics["epoch"] + 1}',
+           '{**metrics, "epoch": metrics["epoch"]}',
+           ("tests/test_recipe_options.py::test_save_top_k_keeps_that_many_best_checkpoints",)),
+    Mutant('a-stop-said-as-an-error', "a stop the user asked for (SIGTERM, Ctrl-C) is not printed as an error",
+           'project/errors.py', '    exit_code = 128 + 15\n    prefix = ""',
+           '    exit_code = 128 + 15\n    prefix = "error: "',
+           ("tests/test_one_line_errors.py::test_each_kind_of_error_is_one_line_with_its_exit_status",)),
+    Mutant('print-config-hides-data-dir', "--print-config shows the data folder the run would use",
+           'scripts/train.py', '"data_dir": str(resolve_data_dir(config.data_dir).resolve())',
+           '"data_dir": config.data_dir',
+           ("tests/test_command_lines.py::test_print_config_shows_the_data_folder_the_run_would_use",)),
 )
 
 

@@ -247,3 +247,16 @@ def test_a_trainer_token_without_a_name_or_a_value_is_refused(argv, error):
     with pytest.raises(UsageError) as refused:
         cli.split_trainer_args(argv)
     assert str(refused.value) == error
+
+
+def test_print_config_shows_the_data_folder_the_run_would_use(tmp_path):
+    import yaml
+
+    from helpers import run_script
+
+    from_env = run_script("train.py", "--print-config", env={"DATA_DIR": str(tmp_path / "from-env")})
+    assert from_env.returncode == 0, from_env.stderr
+    assert yaml.safe_load(from_env.stdout)["data_dir"] == str(tmp_path / "from-env")
+    given = run_script("train.py", "--print-config", "--data-dir", "mine", cwd=tmp_path,
+                       env={"DATA_DIR": str(tmp_path / "from-env")})
+    assert yaml.safe_load(given.stdout)["data_dir"] == str(tmp_path / "mine")  # the flag wins, from where it ran

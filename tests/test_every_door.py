@@ -119,7 +119,7 @@ def test_new_recipe_py_killed_by_sigterm_mid_write_leaves_no_package_or_a_whole_
         assert left == ["late"] and (out / "late" / "examples").is_dir()
     else:
         assert proc.returncode == 128 + signal.SIGTERM and left == [], (proc.returncode, left, stderr)
-        assert stderr == "new_recipe.py: error: stopped by SIGTERM: nothing was written\n"
+        assert stderr == "new_recipe.py: stopped by SIGTERM: nothing was written\n"
 
 
 def test_out_must_be_a_folder_that_can_be_written(images, tmp_path):

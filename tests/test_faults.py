@@ -193,7 +193,7 @@ def test_sigterm_under_ddp_stops_every_rank_at_one_step_and_resumes_exactly(tmp_
         assert proc.returncode == 143, stderr
         stopped_at = newest_last_checkpoint(logdir)["global_step"]
         assert after < stopped_at < 40, f"stopped at {stopped_at}: not mid-run"
-        assert stderr.count(f"train.py: error: stopped by SIGTERM after step {stopped_at}; last.ckpt holds that "
+        assert stderr.count(f"train.py: stopped by SIGTERM after step {stopped_at}; last.ckpt holds that "
                             "step: continue with --resume last") == 1, stderr
         assert len(list(logdir.rglob("last.ckpt"))) == 1  # one run folder, one last.ckpt
     resumed = start(data, logdir, *TWO_RANKS, "--resume", "last")

@@ -46,7 +46,7 @@ def raising(error: BaseException):
     (UsageError("--lr: must be above 0"), 2, "tool.py: error: --lr: must be above 0"),
     (DataError("data/: empty"), 1, "tool.py: error: data/: empty"),
     (CheckpointError("a.ckpt: truncated"), 1, "tool.py: error: a.ckpt: truncated"),
-    (Terminated("stopped by SIGTERM after step 4"), 143, "tool.py: error: stopped by SIGTERM after step 4"),
+    (Terminated("stopped by SIGTERM after step 4"), 143, "tool.py: stopped by SIGTERM after step 4"),  # no error
     (NothingToDo("the run is finished"), 0, "tool.py: the run is finished"),
 ], ids=["user", "usage", "data", "checkpoint", "terminated", "nothing-to-do"])
 def test_each_kind_of_error_is_one_line_with_its_exit_status(capsys, error, code, line):
@@ -56,8 +56,11 @@ def test_each_kind_of_error_is_one_line_with_its_exit_status(capsys, error, code
 
 def test_a_stop_asked_for_has_no_error_prefix_and_a_line_said_already_is_not_repeated(capsys):
     asked = Terminated("stopped by SIGUSR1 after step 4; requeueing job 7")
-    asked.prefix = ""
     assert ended(raising(asked), capsys) == (143, "", "tool.py: stopped by SIGUSR1 after step 4; requeueing job 7\n")
+    failed = Terminated("requeueing job 7 failed (denied): submit it again to continue")
+    failed.prefix = "error: "  # a stop whose requeue failed
+    assert ended(raising(failed), capsys) == (143, "", "tool.py: error: requeueing job 7 failed (denied): submit it "
+                                                       "again to continue\n")
     said = Terminated("stopped")
     said.said = True
     assert ended(raising(said), capsys) == (143, "", "")

@@ -64,7 +64,8 @@ def test_cosine_run_spans_its_steps_and_ends_at_zero(tiny_data: Path, tmp_path: 
 def test_save_top_k_keeps_that_many_best_checkpoints(tiny_data: Path, tmp_path: Path) -> None:
     result = train(tiny_config(tiny_data, tmp_path / "logs", max_epochs=3, save_top_k=-1), test=False)
     kept = sorted(p.name for p in Path(result.best_checkpoint).parent.glob("best-*.ckpt"))
-    assert len(kept) == 3 and [name[:12] for name in kept] == ["best-epoch00", "best-epoch01", "best-epoch02"]
+    # Named as the progress lines count the epochs: 1 to 3.
+    assert len(kept) == 3 and [name[:12] for name in kept] == ["best-epoch01", "best-epoch02", "best-epoch03"]
 
 
 def test_early_stopping_ends_a_run_that_stopped_improving(tiny_data: Path, tmp_path: Path) -> None:

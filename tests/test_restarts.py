@@ -131,7 +131,7 @@ def test_a_run_stopped_at_any_phase_resumes_to_the_uninterrupted_run(data, refer
 def test_a_run_stopped_before_its_first_step_says_so_and_saves_nothing(data, tmp_path):
     stopped = stop(data, tmp_path / "logs", "start", "TERM")
     assert stopped.returncode == 143
-    assert stopped.stderr.strip().splitlines()[-1] == ("train.py: error: stopped by SIGTERM before its first training "
+    assert stopped.stderr.strip().splitlines()[-1] == ("train.py: stopped by SIGTERM before its first training "
                                                        "step; nothing new to save: start it again")
     assert not list((tmp_path / "logs").rglob("*.ckpt"))
 
@@ -437,5 +437,5 @@ def test_a_stop_at_an_epochs_last_step_waits_for_its_validation(data, tmp_path):
     run = tmp_path / "logs" / "tiny" / "version_0"
     assert [e.step for e in event_accumulator(run).Scalars("val/acc")] == [19]  # epoch 0's validation ran
     assert [p.name for p in (run / "checkpoints").glob("best-*.ckpt")] == [
-        next(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("best-epoch00"))]
+        next(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("best-epoch01"))]
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20

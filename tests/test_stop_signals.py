@@ -95,7 +95,7 @@ def test_a_requeue_slurm_refuses_is_an_error_naming_why(tmp_path, monkeypatch, o
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     stop = noted(signal.SIGUSR1).terminated("after step 7")
     assert str(stop) == ("requeueing job 77 failed (scontrol: error: Requeue of job 77 denied): submit it again to "
-                         "continue") and not stop.said
+                         "continue") and not stop.said and stop.prefix == "error: "
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     assert "(scontrol is not on PATH here)" in str(noted(signal.SIGUSR1).terminated("after step 7"))
 

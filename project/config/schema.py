@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,6 +281,11 @@ TRAINER_ARGUMENTS = {
     "reload_dataloaders_every_n_epochs": TrainerArgument(trains=False, counts_steps=True),
     "use_distributed_sampler": TrainerArgument(trains=False, counts_steps=True),
 }
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """``--data-dir`` wins, then the ``DATA_DIR`` environment variable, then ``data/``."""
+    return Path(data_dir or os.environ.get("DATA_DIR") or "data")
 
 
 # Trainer arguments that are also first-class settings: ``--trainer.max_epochs`` is ``--max-epochs``.

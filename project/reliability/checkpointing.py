@@ -77,6 +77,16 @@ def validation_due(trainer: L.Trainer) -> bool:
     return internals.validation_due(trainer)
 
 
+class BestCheckpoints(ModelCheckpoint):
+    """Lightning's best-k checkpoints, their names counting epochs from 1, as the progress lines and the summary
+    count them (``best-epoch06-...`` is the sixth epoch's)."""
+
+    def format_checkpoint_name(self, metrics: dict[str, torch.Tensor], filename: str | None = None,
+                               ver: int | None = None, prefix: str | None = None) -> str:
+        counted = {**metrics, "epoch": metrics["epoch"] + 1} if "epoch" in metrics else metrics
+        return super().format_checkpoint_name(counted, filename, ver, prefix)
+
+
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, every epoch and optionally every N steps.
 

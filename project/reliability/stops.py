@@ -70,9 +70,11 @@ class StopSignals:
         print(f"train.py: {line}", file=sys.stderr, flush=True)
         failure = requeue(job)
         if failure is not None:
-            return Terminated(f"requeueing job {job} failed ({failure}): submit it again to continue")
+            failed = Terminated(f"requeueing job {job} failed ({failure}): submit it again to continue")
+            failed.prefix = "error: "  # the stop was asked for; the requeue that should follow it failed
+            return failed
         error = Terminated(line)
-        error.prefix, error.said = "", True  # the requeue SLURM was asked for: no error, and said already
+        error.said = True  # the requeue SLURM was asked for: said already
         return error
 
     def check(self, what: str) -> None:

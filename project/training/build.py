@@ -16,7 +16,6 @@ from lightning.pytorch.callbacks import (
     Callback,
     DeviceStatsMonitor,
     EarlyStopping,
-    ModelCheckpoint,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -28,7 +27,7 @@ from project.config.validators import names_from, registered, registries_problem
 from project.contract import Recipe
 from project.errors import UsageError, first_line
 from project.internals import file_writer, opened_experiment
-from project.reliability.checkpointing import AtomicCheckpointIO, LastCheckpoint
+from project.reliability.checkpointing import AtomicCheckpointIO, BestCheckpoints, LastCheckpoint
 from project.reliability.cluster import cluster_plugins
 from project.reliability.run_folder import BEST_FILENAME
 from project.results.figures import ModelInTensorBoard, TensorBoardFigures
@@ -212,7 +211,7 @@ def build_callbacks(config: RunConfig, steps_per_epoch: int | None = None) -> li
         return callbacks
     if config.trainer.get("enable_checkpointing", True):
         callbacks += [
-            ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=config.save_top_k,
+            BestCheckpoints(monitor="val/acc", mode="max", save_top_k=config.save_top_k,
                             filename=BEST_FILENAME, auto_insert_metric_name=False),
             # Not save_last=True: Lightning writes that only when the best improves, and a
             # resume needs the newest state whether or not it was the best.

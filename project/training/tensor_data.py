@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Sequence, Sized
-from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
@@ -28,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset
 
 from project import EVAL_BATCH_SIZE, internals
-from project.config.schema import RunConfig
+from project.config.schema import RunConfig, resolve_data_dir
 from project.contract import RecipeError
 from project.errors import DataError, UsageError
 
@@ -242,11 +241,6 @@ class EvalShardSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """``--data-dir`` wins, then the ``DATA_DIR`` environment variable, then ``data/``."""
-    return Path(data_dir or os.environ.get("DATA_DIR") or "data")
 
 
 def split_indices(n: int, val_size: int, seed: int) -> tuple[list[int], list[int]]:
