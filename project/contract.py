@@ -162,11 +162,21 @@ def _import(module: str, where: str, package: str | None = None) -> Any:
     except ModuleNotFoundError as err:
         wanted = importlib.util.resolve_name(module, package) if module.startswith(".") else module
         if err.name and (wanted == err.name or wanted.startswith(err.name + ".")):
-            raise RecipeError(f"{where}: no such module {wanted!r} (is its folder on PYTHONPATH, or is it "
-                              "installed?)") from err
+            raise RecipeError(f"{where}: no such module {wanted!r}: {_why_not_importable(wanted)}") from err
         raise RecipeError(f"{where}: importing it failed: {_one_line(err)}") from err
     except Exception as err:  # noqa: BLE001 - the recipe's own code can raise anything
         raise RecipeError(f"{where}: importing it failed: {_one_line(err)}") from err
+
+
+def _why_not_importable(module: str) -> str:
+    """Where Python looked for ``module`` and did not find it, and the likely way to it."""
+    top = module.split(".")[0]
+    here = Path.cwd()
+    looked = {Path(entry or ".").resolve() for entry in sys.path}
+    if (here / top / "__init__.py").is_file() and here.resolve() not in looked:
+        return (f"the current folder {here} holds {top}/, but this process's sys.path does not (a script's starts at "
+                "its own folder): run with PYTHONPATH=. or add the folder to sys.path")
+    return "no folder on this process's sys.path (PYTHONPATH, the script's folder) holds it, nor is it installed"
 
 
 def _one_line(err: BaseException) -> str:
@@ -185,12 +195,13 @@ def recipe_package() -> str:
     return os.environ.get(RECIPE_VARIABLE) or DEFAULT_RECIPE
 
 
-def load_recipe(package: str) -> Recipe:
-    """``RECIPE`` of ``package``, or a ``RecipeError`` naming the setting and what to fix."""
+def load_recipe(package: str, named_by: str | None = None) -> Recipe:
+    """``RECIPE`` of ``package``, or a ``RecipeError`` naming where the name came from (``named_by``; default the
+    call itself) and what to fix."""
     if not isinstance(package, str):
         raise RecipeError(f"load_recipe(package): expected a package's dotted name (str), such as "
                           f"'my_recipes.digits', got {type(package).__name__} {package!r}")
-    where = f"{RECIPE_VARIABLE}={package}"
+    where = named_by or f"load_recipe({package!r})"
     if not MODULE_NAME.fullmatch(package):
         raise RecipeError(f"{where}: not an importable module name; give an absolute, dotted name such as "
                           "my_recipes.cifar (a package on PYTHONPATH)")
@@ -208,7 +219,8 @@ def installed_recipe() -> Recipe:
     (``--debug``: the traceback too). Only the scripts call it, once, before they read their command line (the
     recipe's options are flags); everything else is handed the recipe."""
     try:
-        return load_recipe(recipe_package())
+        package = recipe_package()
+        return load_recipe(package, named_by=f"{RECIPE_VARIABLE}={package}")
     except RecipeError as err:
         if "--debug" in sys.argv[1:]:
             traceback.print_exception(err.__cause__ or err)

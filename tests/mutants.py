@@ -665,6 +665,10 @@ MUTANTS = (
            'scripts/train.py', '"data_dir": str(resolve_data_dir(config.data_dir).resolve())',
            '"data_dir": config.data_dir',
            ("tests/test_command_lines.py::test_print_config_shows_the_data_folder_the_run_would_use",)),
+    Mutant('load-recipe-blames-project-recipe', "load_recipe's refusal names the argument it was given, and why",
+           'project/contract.py', 'where = named_by or f"load_recipe({package!r})"',
+           'where = named_by or f"{RECIPE_VARIABLE}={package}"',
+           ("tests/test_api.py::test_load_recipe_names_its_argument_and_why_the_package_is_not_importable",)),
 )
 
 

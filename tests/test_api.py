@@ -78,3 +78,57 @@ def test_api_predict_returns_the_top_k_classes_the_checkpoints_network_gives(tra
         assert [c for c, _ in row["topk"]] == top.indices.tolist() and row["class"] == int(top.indices[0])
         assert [p for _, p in row["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
     assert [len(row["topk"]) for row in api.predict(tiny_recipe(), [str(tmp_path)], ckpt=ckpt)] == [1, 1]
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_as_written_where_train_py_does(tmp_path):
+    """Run from another folder, with the data where ``train.py`` would find it (``DATA_DIR``)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## From Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    # Enough images for the recipe's default split (5,000 held out for validation).
+    data = api.load_recipe("project.recipe").write_example_data(tmp_path / "data", train=5400, test=200)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S,
+                          env={**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(ROOT),
+                               "PROJECT_RECIPE": "project.recipe"})
+    assert done.returncode == 0, done.stderr
+    trained, evaluated = (float(value) for value in done.stdout.split())
+    assert 0 <= trained <= 1 and trained == evaluated  # the same checkpoint on the same test set
+
+
+def test_load_recipe_names_its_argument_and_why_the_package_is_not_importable(tmp_path):
+    """A script elsewhere, run from the folder that holds the package: its sys.path has the script's folder."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    (tmp_path / "work" / "letters").mkdir(parents=True)
+    (tmp_path / "work" / "letters" / "__init__.py").write_text("")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "go.py"
+    script.write_text("from project.api import load_recipe\nload_recipe('letters')\n")
+
+    def run(pythonpath: str) -> str:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path / "work", capture_output=True, text=True,
+                              timeout=HANG_S, env={**os.environ, "PYTHONPATH": pythonpath})
+        return done.stderr.strip().splitlines()[-1]
+
+    assert run(str(ROOT)) == (
+        f"project.contract.RecipeError: load_recipe('letters'): no such module 'letters': the current folder "
+        f"{tmp_path / 'work'} holds letters/, but this process's sys.path does not (a script's starts at its own "
+        "folder): run with PYTHONPATH=. or add the folder to sys.path")
+    assert run(f".{os.pathsep}{ROOT}").endswith("load_recipe('letters'): the package has no RECIPE; its __init__.py "
+                                               "names its classes in RECIPE = Recipe(...) (project.contract)")
+    (tmp_path / "work" / "letters" / "__init__.py").unlink()
+    (tmp_path / "work" / "letters").rmdir()
+    assert run(str(ROOT)).endswith("load_recipe('letters'): no such module 'letters': no folder on this process's "
+                                   "sys.path (PYTHONPATH, the script's folder) holds it, nor is it installed")
