@@ -104,7 +104,7 @@ def test_a_moved_run_folder_resumes_with_its_checkpoint_callbacks_paths_moved_al
     checkpoint = {"callbacks": {"Counter": 3, "EarlyStopping": {"wait_count": 2}, "Other": dict(foreign),
                                 "ModelCheckpoint": dict(state)}}
     trainer = SimpleNamespace(checkpoint_callbacks=[ModelCheckpoint(), ModelCheckpoint(dirpath=here)])
-    RunRecord(None, lambda: 1).on_load_checkpoint(trainer, None, checkpoint)
+    RunRecord(None, SimpleNamespace(k=1)).on_load_checkpoint(trainer, None, checkpoint)
     moved = checkpoint["callbacks"]["ModelCheckpoint"]
     assert moved["dirpath"] == here and moved["best_model_path"] == f"{here}/best-acc0.90.ckpt"
     assert moved["kth_best_model_path"] == f"{here}/best-acc0.90.ckpt" and moved["best_model_score"] == 0.9
@@ -113,7 +113,8 @@ def test_a_moved_run_folder_resumes_with_its_checkpoint_callbacks_paths_moved_al
     assert checkpoint["callbacks"]["Other"] == foreign and checkpoint["callbacks"]["Counter"] == 3
     assert checkpoint["callbacks"]["EarlyStopping"] == {"wait_count": 2}
     unmoved = {"callbacks": {"ModelCheckpoint": dict(state)}}
-    RunRecord(None, lambda: 1).on_load_checkpoint(SimpleNamespace(checkpoint_callbacks=[]), None, unmoved)
+    RunRecord(None, SimpleNamespace(k=1)).on_load_checkpoint(SimpleNamespace(checkpoint_callbacks=[]), None,
+                                                 unmoved)
     assert unmoved["callbacks"]["ModelCheckpoint"] == state  # nowhere to move them to: Lightning's own paths
 
 

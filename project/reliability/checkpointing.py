@@ -6,9 +6,8 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
@@ -130,17 +129,23 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_exception(trainer, pl_module, exception)
 
 
+class Stepping(Protocol):
+    """What the run record reads of the run's stepper (``project.training.steps_per_call.Stepper``)."""
+
+    k: int  # optimizer steps per Lightning step, now
+
+
 class RunRecord(Callback):
     """Writes into every checkpoint what a resume must know of its run (the settings it trained with, its
     steps per call), and keeps the logs on disk up to each checkpoint: a killed run loses no logged step
     before its newest checkpoint (a resume cuts the logs back to that checkpoint)."""
 
-    def __init__(self, config: RunConfig, steps_per_call: Callable[[], int]) -> None:
-        self.config, self.steps_per_call = config, steps_per_call  # K as it is at each save: auto follows the run
+    def __init__(self, config: RunConfig, stepper: Stepping) -> None:
+        self.config, self.stepper = config, stepper  # K as it is at each save: auto follows the run
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.steps_per_call(),
+        checkpoint["run_record"] = {"config": self.config.to_mapping(), "steps_per_call": self.stepper.k,
                                     "module": module_name(type(pl_module))}
         self._flush(trainer)
         if trainer.is_global_zero:

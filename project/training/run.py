@@ -223,7 +223,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
     """Fit, test and record the planned run in its claimed folder (``folder`` on rank 0; ``version``: its name)."""
     config, datamodule, model, resume = plan.config, plan.datamodule, plan.model, plan.resume
     with stop_signals() as signals:
-        stopper, record = StopAtSafePoints(signals), RunRecord(config, lambda: plan.stepper.k)
+        stopper, record = StopAtSafePoints(signals), RunRecord(config, plan.stepper)
         trainer = build_trainer(config, [*callbacks, record, stopper],
                                 steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None,
                                 version=version)
