@@ -30,6 +30,7 @@ from PIL import Image
 
 from project.errors import ImageError, Terminated, UsageError
 from project.results.image_files import with_image
+from project.training.data_card import VAL_PER_CLASS
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
@@ -126,6 +127,13 @@ def measured_statistics(folder: ImageFolder, train: Any) -> tuple[tuple[float, .
     if float(std.min()) < 1e-3:
         raise UsageError(f"--images {folder.root}: every training image is one flat colour: nothing to learn from")
     return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
+
+
+def validation_share(train_images: int, classes: int) -> float:
+    """The share of the training images held out for validation: a tenth, or enough for ``VAL_PER_CLASS`` a class
+    on average (the data card warns below that), at most half; rounded up to a hundredth."""
+    wanted = max(0.1, VAL_PER_CLASS * classes / max(1, train_images))
+    return min(0.5, math.ceil(wanted * 100) / 100)
 
 
 def write_examples(folder: ImageFolder, train: Any, into: Path) -> int:
@@ -236,17 +244,18 @@ def recipe_from_images(name: str, images: Path, out: Path) -> NewRecipe:
     folder = survey(images)
     channels = [16, 32, 64, 64][: folder.stages]
     values = {
-        "name": name, "source": str(folder.root), "classes": repr(folder.classes), "count": len(folder.classes),
+        "name": name, "source_name": folder.root.name, "classes": repr(folder.classes), "count": len(folder.classes),
         "channels": folder.channels, "side": folder.side,
         "mode": "grey" if folder.channels == 1 else "RGB", "stages": folder.stages, "widths": repr(channels),
         "widths_example": ",".join(map(str, channels)), "test_share": TEST_SHARE,
     }
 
     def write(into: Path) -> tuple[tuple[float, ...], tuple[float, ...], int]:
-        write_templates(into, {**values, "mean": "(0.5,)", "std": "(0.25,)"})  # measured next
+        write_templates(into, {**values, "mean": "(0.5,)", "std": "(0.25,)", "val_share": 0.1})  # measured next
         train = training_set(into, folder.root)
         mean, std = measured_statistics(folder, train)
-        write_templates(into, {**values, "mean": repr(mean), "std": repr(std)})
+        share = validation_share(len(train.files), len(folder.classes))
+        write_templates(into, {**values, "mean": repr(mean), "std": repr(std), "val_share": share})
         return mean, std, write_examples(folder, train, into / "examples")
 
     mean, std, examples = written_whole(package, write)
@@ -282,11 +291,12 @@ def recipe_from_package(name: str, source: str, out: Path) -> NewRecipe:
     return NewRecipe(package, None)
 
 
-INIT = '''"""Recipe $name: a small CNN on the $count classes of images in $source, read file by file.
+INIT = '''"""Recipe $name: a small CNN on $count classes of images (first made from a folder named $source_name), read
+file by file.
 
-Written by scripts/new_recipe.py; yours to change. Its data folder holds one folder of images a class
-(or train/ and test/, each holding them); $test_share of each class is held out for testing where there
-is no test/.
+Written by scripts/new_recipe.py; yours to change. Its data folder (--data-dir, or DATA_DIR) holds one
+folder of images a class (or train/ and test/, each holding them); $test_share of each class is held out
+for testing where there is no test/. It names no folder of this machine: it trains wherever it is copied.
 """
 
 from project.api import Option, Recipe, sizes_of
@@ -296,17 +306,17 @@ RECIPE = Recipe(
     module=".model:LitNet",
     datamodule=".data:ImageFolders",
     description="Train a small CNN on $count classes of images, then test the best checkpoint.",
-    data_help="folder holding one folder of images a class, or train/ and test/ holding them (default: $source)",
+    data_help="folder holding one folder of images a class, or train/ and test/ holding them",
     options={"channels": Option($widths, sizes_of($stages, "$widths_example"),
                                 "channels of the $stages convolution blocks, e.g. $widths_example")},
-    defaults={"data_dir": "$source", "max_epochs": 10, "batch_size": 32, "optimizer": "adamw", "lr": 0.003,
+    defaults={"max_epochs": 10, "batch_size": 32, "optimizer": "adamw", "lr": 0.003,
               "scheduler": "cosine", "num_workers": 2},
     example_data=".data:write_examples",
 )
 '''
 
-DATA = '''"""The images of $source: one folder a class, each file read as predict.py reads an image ($side x $side,
-$mode, in [0, 1]) and normalised by the mean and std measured on the training images."""
+DATA = '''"""The images: one folder a class, each file read as predict.py reads an image ($side x $side, $mode, in
+[0, 1]) and normalised by the mean and std measured on the training images."""
 
 from __future__ import annotations
 
@@ -362,6 +372,7 @@ class ImageFolders(TensorDataModule):
     num_classes = len(CLASSES)
     mean = $mean
     std = $std
+    default_val_size = $val_share  # of the training images: a tenth, or enough to rank checkpoints by
 
     def dark_background(self) -> None:
         """Pictures, not ink on paper: no image is inverted to the training images' polarity."""

@@ -10,6 +10,7 @@ PROJECT_RECIPE=NAME .venv/bin/python scripts/train.py (and check_recipe.py, eval
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,8 +36,9 @@ def main(args: argparse.Namespace) -> int:
         made = recipe_from_package(args.name, args.from_package, out)
         say(f"recipe {args.name} written to {made.package}, a copy of {args.from_package}")
     here = "" if out.resolve() == ROOT else f"PYTHONPATH={out.resolve()} "  # the scripts find packages in ROOT
-    for script in ("check_recipe.py", "train.py"):
-        say(f"next: {here}PROJECT_RECIPE={args.name} .venv/bin/python scripts/{script}")
+    say(f"next: {here}PROJECT_RECIPE={args.name} .venv/bin/python scripts/check_recipe.py")
+    data = f" --data-dir {shlex.quote(str(made.folder.root))}" if made.folder is not None else ""  # named nowhere else
+    say(f"next: {here}PROJECT_RECIPE={args.name} .venv/bin/python scripts/train.py{data}")
     return 0
 
 

@@ -669,6 +669,23 @@ MUTANTS = (
            'project/contract.py', 'where = named_by or f"load_recipe({package!r})"',
            'where = named_by or f"{RECIPE_VARIABLE}={package}"',
            ("tests/test_api.py::test_load_recipe_names_its_argument_and_why_the_package_is_not_importable",)),
+    Mutant('new-recipe-names-its-folder', "a recipe package from new_recipe.py names no folder of the machine",
+           'project/scaffold.py', '"source_name": folder.root.name,', '"source_name": str(folder.root),',
+           ("tests/test_new_recipe.py::test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates",
+            )),
+    Mutant('small-validation-unsaid', "a validation split too small to rank checkpoints by is said, with the fix",
+           'project/training/data_card.py', '        if not val or val >= needed:', '        if True:',
+           ("tests/test_recipe_checks.py::test_a_validation_split_too_small_to_rank_checkpoints_is_said_with_the_"
+            "val_size_that_is_not",)),
+    Mutant('scaffold-holds-out-a-tenth', "new_recipe.py holds out enough validation images to rank checkpoints by",
+           'project/scaffold.py', 'wanted = max(0.1, VAL_PER_CLASS * classes / max(1, train_images))', 'wanted = 0.1',
+           ("tests/test_new_recipe.py::test_the_scaffolds_validation_share_holds_enough_a_class_to_rank_checkpoints",)),
+    Mutant('best-state-under-a-new-key', "a run checkpointed before the names counted from 1 resumes with its best",
+           'project/reliability/checkpointing.py',
+           'return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)',
+           'return super().state_key',
+           ("tests/test_resume_settings.py::test_the_best_checkpoints_state_keeps_lightnings_key_so_older_runs_resume_"
+            "with_their_best_scores",)),
 )
 
 

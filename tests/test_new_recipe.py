@@ -9,8 +9,10 @@ import shutil
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 from PIL import Image
 
 from helpers import SHAPES, draw_shapes, run_script_warm
@@ -27,29 +29,38 @@ def written_data_module(package: Path):
 
 
 @pytest.mark.slow
-def test_a_folder_of_images_becomes_a_recipe_that_checks_trains_and_predicts_as_it_evaluates(tmp_path):
+def test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates(tmp_path):
     images = draw_shapes(tmp_path / "pictures")
-    made = run_script_warm("new_recipe.py", "shapes3", "--images", str(images), "--out", str(tmp_path))
+    made = run_script_warm("new_recipe.py", "shapes3", "--images", str(images), "--out", str(tmp_path / "made"))
     assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith(f"recipe shapes3 written to {tmp_path / 'shapes3'}: 3 classes (circle, square, "
-                                  "triangle), inputs 3x40x40")
-    assert f"next: PYTHONPATH={tmp_path} PROJECT_RECIPE=shapes3 .venv/bin/python scripts/train.py" in made.stdout
-    env = {"PROJECT_RECIPE": "shapes3", "PYTHONPATH": str(tmp_path)}
+    assert made.stdout.startswith(f"recipe shapes3 written to {tmp_path / 'made' / 'shapes3'}: 3 classes (circle, "
+                                  "square, triangle), inputs 3x40x40")
+    assert (f"next: PYTHONPATH={tmp_path / 'made'} PROJECT_RECIPE=shapes3 .venv/bin/python scripts/train.py "
+            f"--data-dir {images}") in made.stdout
+    # It travels: no file it wrote names a folder of this machine; moved, it trains on a copy of the images.
+    written = [path for path in (tmp_path / "made").rglob("*")
+               if path.is_file() and path.suffix != ".png" and "__pycache__" not in path.parts]
+    assert len(written) >= 3 and not [path for path in written if str(tmp_path) in path.read_text()]
+    (tmp_path / "elsewhere").mkdir()
+    shutil.move(tmp_path / "made" / "shapes3", tmp_path / "elsewhere" / "shapes3")
+    images = shutil.move(images, tmp_path / "copied")
+    env = {"PROJECT_RECIPE": "shapes3", "PYTHONPATH": str(tmp_path / "elsewhere")}
     checked = run_script_warm("check_recipe.py", env=env)
     assert checked.returncode == 0 and "all 10 checks passed" in checked.stdout, checked.stdout + checked.stderr
     logs = tmp_path / "logs"
-    # Its data is the recipe's default; a DATA_DIR exported for other data (CI's MNIST) must not replace it.
-    trained = run_script_warm("train.py", "--max-epochs", "2", "--logdir", str(logs), env=env)
+    trained = run_script_warm("train.py", "--max-epochs", "2", "--logdir", str(logs), "--data-dir", str(images),
+                              env=env)
     assert trained.returncode == 0, trained.stderr
     results = json.loads(next(logs.glob("shapes3/version_0/results.json")).read_text())
     assert results["test/acc"] > 0.6  # three classes: chance is a third
-    evaluated = run_script_warm("evaluate.py", "--logdir", str(logs), "--json", env=env)
+    evaluated = run_script_warm("evaluate.py", "--logdir", str(logs), "--json", "--data-dir", str(images), env=env)
     assert evaluated.returncode == 0, evaluated.stderr
     evaluation = json.loads(evaluated.stdout)
-    test_files = written_data_module(tmp_path / "shapes3").ImageFolders(data_dir=images).load_samples(False).files
+    test_files = written_data_module(tmp_path / "elsewhere" / "shapes3").ImageFolders(
+        data_dir=images).load_samples(False).files
     assert evaluation["samples"] == len(test_files) == 36  # a fifth of each class held out
     predicted = run_script_warm("predict.py", "--logdir", str(logs), "--json", *[str(path) for path, _ in test_files],
-                           env=env)
+                                env=env)
     assert predicted.returncode == 0, predicted.stderr
     rows = json.loads(predicted.stdout)["results"]
     confusion = torch.zeros(3, 3, dtype=torch.long)
@@ -174,3 +185,19 @@ def test_another_recipe_is_copied_under_the_new_name(tmp_path, monkeypatch):
         recipe_from_package("bars4", "unnamed", tmp_path / "out")
     assert not (tmp_path / "out" / "bars4").exists()  # not left behind with another recipe's name
     sys.modules.pop("bars2", None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(train_images=st.integers(1, 20_000), classes=st.integers(2, 60))
+def test_the_scaffolds_validation_share_holds_enough_a_class_to_rank_checkpoints(train_images, classes):
+    from project.scaffold import validation_share
+    from project.training.data_card import VAL_PER_CLASS
+
+    share = validation_share(train_images, classes)
+    assert 0.1 <= share <= 0.5 and share == round(share, 2)
+    held = round(share * train_images)  # as TensorDataModule.validation_count takes a share
+    if VAL_PER_CLASS * classes <= train_images // 2:
+        assert held >= VAL_PER_CLASS * classes  # the data card's warning is not said of the scaffold's own split
+    else:
+        assert share == 0.5  # as many as can be held out and still train
+    assert validation_share(400, 5) == 0.25 and validation_share(10_000, 5) == 0.1

@@ -559,6 +559,27 @@ def test_the_card_and_a_leak_are_said_as_the_run_starts(caplog):
     caplog.clear()
     announce(card())
     assert [record.getMessage() for record in caplog.records] == [card().line()]
+    caplog.clear()
+    small = card(sizes={"train": 900, "val": 40, "test": 200})
+    announce(small)
+    assert [record.getMessage() for record in caplog.records] == [small.line(), f"data: warning: "
+                                                                 f"{small.validation_problem()}"]
+
+
+@pytest.mark.parametrize(("sizes", "classes", "problem"), [
+    ({"train": 900, "val": 60, "test": 9}, 3, None),  # 20 a class: enough
+    ({"train": 900, "val": 59, "test": 9}, 3, "the validation split holds 59 inputs for 3 classes (19.7 a class): "
+     "val/acc moves in steps of 1.7%, and the best checkpoint is picked on noise; --val-size 60 would hold 20 a class"),
+    ({"train": 360, "val": 40, "test": 9}, 5, "the validation split holds 40 inputs for 5 classes (8.0 a class): "
+     "val/acc moves in steps of 2.5%, and the best checkpoint is picked on noise; --val-size 100 would hold 20 a "
+     "class"),
+    ({"train": 150, "val": 40, "test": 9}, 10, "the validation split holds 40 inputs for 10 classes (4.0 a class): "
+     "val/acc moves in steps of 2.5%, and the best checkpoint is picked on noise; the 190 training inputs are too few "
+     "to hold out 20 a class and train on the rest: more would"),
+], ids=["enough", "one-short", "advice", "too-few-inputs"])
+def test_a_validation_split_too_small_to_rank_checkpoints_is_said_with_the_val_size_that_is_not(sizes, classes,
+                                                                                                problem):
+    assert card(sizes=sizes, num_classes=classes, class_counts=[1] * classes).validation_problem() == problem
 
 
 def test_the_checked_card_sets_up_both_splits_itself(tmp_path):

@@ -215,3 +215,14 @@ def test_weights_that_do_not_fit_are_refused_naming_why_and_the_model_flags(monk
         resume.load_initial_weights(Unfitting(said), config, tiny_recipe())
     assert str(refused.value) == (f"--init-from old.ckpt: its weights do not fit this model ({detail}); use the "
                                   f"model settings it was trained with{hint}")
+
+
+def test_the_best_checkpoints_state_keeps_lightnings_key_so_older_runs_resume_with_their_best_scores():
+    """Lightning restores a callback's state by its key: the best checkpoints' is ModelCheckpoint's, as runs saved
+    it before their names counted epochs from 1."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from project.reliability.checkpointing import BestCheckpoints
+
+    settings = {"monitor": "val/acc", "mode": "max", "save_top_k": 2, "every_n_epochs": 1}
+    assert BestCheckpoints(**settings).state_key == ModelCheckpoint(**settings).state_key

@@ -85,6 +85,12 @@ class BestCheckpoints(ModelCheckpoint):
         counted = {**metrics, "epoch": metrics["epoch"] + 1} if "epoch" in metrics else metrics
         return super().format_checkpoint_name(counted, filename, ver, prefix)
 
+    @property
+    def state_key(self) -> str:
+        """``ModelCheckpoint``'s own key: a run checkpointed before these names counted from 1 resumes with its
+        best scores, which Lightning finds by this key."""
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
 
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, every epoch and optionally every N steps.

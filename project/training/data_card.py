@@ -23,6 +23,8 @@ STD_RATIO = 1.5  # a declared std more than this factor off the measured one, li
 RANGE_TOLERANCE = 0.02  # pixel units: inputs measured outside [0, 1] by more were not normalised as declared
 CONSTANT_STD = 1e-6  # pixel units: a channel whose std is below it holds one value in every input
 LEAKAGE_SHARE = 0.01  # test inputs also in the training split, as a share of the test set, past which it fails
+# Validation inputs a class, on average, below which val/acc moves in steps too coarse to rank checkpoints by.
+VAL_PER_CLASS = 20
 
 
 def fmt_values(values: tuple[float, ...]) -> str:
@@ -126,6 +128,19 @@ class DataCard:
             return ("its inputs are normalised twice (undone twice, they are pixels with the declared statistics): "
                     "normalise once, in load_tensors with self.normalize or in the augment, not both")
         return None
+
+    def validation_problem(self) -> str | None:
+        """A validation split too small to rank checkpoints by, and the ``--val-size`` that would not be."""
+        val, classes = self.sizes.get("val", 0), self.num_classes
+        needed = VAL_PER_CLASS * classes
+        if not val or val >= needed:
+            return None
+        total = val + self.sizes.get("train", 0)
+        advice = (f"--val-size {needed} would hold {VAL_PER_CLASS} a class" if needed <= total // 2 else
+                  f"the {total:,} training inputs are too few to hold out {VAL_PER_CLASS} a class and train on the "
+                  "rest: more would")
+        return (f"the validation split holds {val:,} inputs for {classes} classes ({val / classes:.1f} a class): "
+                f"val/acc moves in steps of {1 / val:.1%}, and the best checkpoint is picked on noise; {advice}")
 
     def leakage_problem(self) -> str | None:
         share = self.duplicates / max(1, self.sizes["test"] if not self.sampled else min(self.sampled,
@@ -237,13 +252,14 @@ def data_card(datamodule: TensorDataModule) -> DataCard:
 
 
 def announce(card: DataCard) -> None:
-    """The card on stderr as the run starts (rank zero), and its leakage, if any, as a warning line."""
+    """The card on stderr as the run starts (rank zero), and a validation split too small or a leak, if any, as a
+    warning line each."""
     from lightning.pytorch.utilities import rank_zero_info
 
     rank_zero_info(card.line())
-    leak = card.leakage_problem()
-    if leak is not None:
-        rank_zero_info(f"data: warning: {leak}")
+    for problem in (card.validation_problem(), card.leakage_problem()):
+        if problem is not None:
+            rank_zero_info(f"data: warning: {problem}")
 
 
 def log_card(trainer: Any, card: DataCard) -> None:
