@@ -132,9 +132,9 @@ def test_the_checkpoint_files_are_renamed_in_one_place(tmp_path):
     first = run_script("train.py", "--max-epochs", "1", *common, root=template)
     assert first.returncode == 0, first.stderr
     saved = sorted(p.name for p in logs.glob("*/version_0/checkpoints/*.ckpt"))
-    assert saved[0] == "newest.ckpt" and all(name.startswith("top-epoch00-acc") for name in saved[1:]), saved
+    assert saved[0] == "newest.ckpt" and all(name.startswith("top-epoch01-acc") for name in saved[1:]), saved
     listed = run_script("runs.py", "--logdir", str(logs), root=template)
-    assert listed.returncode == 0 and "top-epoch00-acc" in listed.stdout, listed.stdout + listed.stderr
+    assert listed.returncode == 0 and "top-epoch01-acc" in listed.stdout, listed.stdout + listed.stderr
     # --resume last finds newest.ckpt (here refused in one line, naming it: a resume keeps the run's epochs).
     resumed = run_script("train.py", "--max-epochs", "2", "--resume", "last", *common, root=template)
     assert resumed.returncode == 1  # a refusal the run's own checks make
