@@ -370,6 +370,7 @@ class Files(Dataset):
 class ImageFolders(TensorDataModule):
     input_shape = ($channels, $side, $side)
     num_classes = len(CLASSES)
+    class_names = tuple(CLASSES)  # the class folders' names, sorted: what evaluate.py and predict.py print
     mean = $mean
     std = $std
     default_val_size = $val_share  # of the training images: a tenth, or enough to rank checkpoints by

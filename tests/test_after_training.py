@@ -326,7 +326,7 @@ def test_a_colour_image_is_classified_as_one_image_of_three_channels(tmp_path):
 def test_evaluates_table_lays_out_each_class_and_the_confusion_matrix():
     from project.results.evaluation import render
 
-    results = {"source": "model.pth", "samples": 12, "test/acc": 0.75, "test/loss": 0.61234,
+    results = {"source": "model.pth", "samples": 12, "test/acc": 0.75, "test/loss": 0.61234, "classes": ["0", "1", "2"],
                "per_class_acc": [1.0, 0.5, 0.75], "confusion_matrix": [[4, 0, 0], [1, 2, 1], [0, 1, 3]]}
     assert render(results).split("\n") == [
         "model     model.pth",
@@ -343,6 +343,18 @@ def test_evaluates_table_lays_out_each_class_and_the_confusion_matrix():
         "   0      4     0     0",
         "   1      1     2     1",
         "   2      0     1     3",
+    ]
+    named = {**results, "classes": ["cat", "zebra\x1b", "ox"]}  # a recipe's class_names, printed terminal-safe
+    assert render(named).split("\n")[5:] == [
+        "per-class accuracy",
+        "        cat  zebra\\x1b         ox",
+        "      1.000      0.500      0.750",
+        "",
+        "confusion matrix (rows: true class, columns: predicted)",
+        "true             cat zebra\\x1b        ox",
+        "      cat          4         0         0",
+        "zebra\\x1b          1         2         1",
+        "       ox          0         1         3",
     ]
 
 

@@ -77,6 +77,8 @@ def test_api_predict_returns_the_top_k_classes_the_checkpoints_network_gives(tra
         top = expected.topk(3)
         assert [c for c, _ in row["topk"]] == top.indices.tolist() and row["class"] == int(top.indices[0])
         assert [p for _, p in row["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+        # Each class by its name beside its index: the tests' recipe names none, so its digits.
+        assert row["name"] == str(row["class"]) and row["topk_names"] == [str(c) for c, _ in row["topk"]]
     assert [len(row["topk"]) for row in api.predict(tiny_recipe(), [str(tmp_path)], ckpt=ckpt)] == [1, 1]
 
 

@@ -98,8 +98,8 @@ def test_an_image_too_large_to_decode_is_refused_and_the_others_are_still_read(t
 def test_predict_keeps_one_row_per_file_whatever_its_name():
     from project.results.prediction import render_row
 
-    row = render_row({"path": "scan\t1\nb\\c.png", "topk": [(3, 0.9), (5, 0.05)]})
-    assert row == "scan\\t1\\nb\\\\c.png\t3\t0.9000\t5:0.0500" and row.count("\t") == 3 and "\n" not in row
+    row = render_row({"path": "scan\t1\nb\\c.png", "topk": [(3, 0.9), (5, 0.05)], "topk_names": ["3", "a\tb"]})
+    assert row == "scan\\t1\\nb\\\\c.png\t3\t0.9000\ta\\tb:0.0500" and row.count("\t") == 3 and "\n" not in row
 
 
 def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):

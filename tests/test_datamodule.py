@@ -199,3 +199,22 @@ def test_a_fractional_test_limit_gets_test_batches_it_covers(tiny_data):
     assert dm.val_dataloader().batch_size == 1000
     assert [len(y) for _, y in dm.test_dataloader()] == [8] * 10  # in order, each image once
     assert torch.equal(torch.cat([y for _, y in dm.test_dataloader()]), dm.test_set.targets)
+
+
+def test_class_names_are_the_recipes_or_the_indices_and_one_a_class(tmp_path):
+    from project.contract import RecipeError
+    from project.recipe.data import MNISTDataModule
+
+    assert MNISTDataModule(tmp_path).class_labels() == tuple("0123456789")  # MNIST names none: its digits
+
+    class Named(TinyDataModule):
+        class_names = tuple(f"digit {d}" for d in range(10))
+
+    assert Named(tmp_path).class_labels()[3] == "digit 3"
+
+    class Short(TinyDataModule):
+        class_names = ("a", "b")
+
+    with pytest.raises(RecipeError, match=r"^Short: class_names names 2 classes, num_classes is 10: give one name a "
+                                          r"class, in index order$"):
+        Short(tmp_path)

@@ -56,6 +56,7 @@ def test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates
     evaluated = run_script_warm("evaluate.py", "--logdir", str(logs), "--json", "--data-dir", str(images), env=env)
     assert evaluated.returncode == 0, evaluated.stderr
     evaluation = json.loads(evaluated.stdout)
+    assert evaluation["classes"] == ["circle", "square", "triangle"]  # the class folders' names, in index order
     test_files = written_data_module(tmp_path / "elsewhere" / "shapes3").ImageFolders(
         data_dir=images).load_samples(False).files
     assert evaluation["samples"] == len(test_files) == 36  # a fifth of each class held out
@@ -66,6 +67,9 @@ def test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates
     confusion = torch.zeros(3, 3, dtype=torch.long)
     for row, (_, label) in zip(rows, test_files, strict=True):
         confusion[label, row["class"]] += 1
+        assert row["name"] == evaluation["classes"][row["class"]]  # the index kept beside the name
+    table = run_script_warm("predict.py", "--logdir", str(logs), str(test_files[0][0]), env=env)
+    assert table.stdout.split("\t")[1] == rows[0]["name"]  # a row names its class
     assert confusion.tolist() == evaluation["confusion_matrix"]  # file by file, the same pixels
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project import EVAL_BATCH_SIZE
 from project.config.schema import settings_of
 from project.contract import Recipe
-from project.errors import CheckpointError, first_line
+from project.errors import CheckpointError, first_line, terminal_safe
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
 from project.reliability.run_folder import RunFolder
@@ -125,8 +126,9 @@ def recipe_data(recipe: Recipe, data_dir: str | None = None) -> Any:
 
 @torch.no_grad()
 def evaluate(classifier: Classifier, inputs: torch.Tensor, targets: torch.Tensor, num_classes: int,
-             batch_size: int = EVAL_BATCH_SIZE) -> dict[str, Any]:
-    """Test loss (cross-entropy), accuracy, per-class accuracy and confusion matrix, all through torchmetrics."""
+             batch_size: int = EVAL_BATCH_SIZE, names: Sequence[str] = ()) -> dict[str, Any]:
+    """Test loss (cross-entropy), accuracy, per-class accuracy and confusion matrix, all through torchmetrics;
+    ``names``: the classes' (default: their indices), in index order."""
     loss = MeanMetric()
     accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
     per_class = MulticlassAccuracy(num_classes=num_classes, average=None)
@@ -141,13 +143,15 @@ def evaluate(classifier: Classifier, inputs: torch.Tensor, targets: torch.Tensor
         "samples": len(targets),
         "test/loss": float(loss.compute()),
         "test/acc": float(accuracy.compute()),
+        "classes": list(names) or [str(index) for index in range(num_classes)],
         "per_class_acc": [float(v) for v in per_class.compute()],
         "confusion_matrix": confusion.compute().tolist(),
     }
 
 
 def render(results: dict[str, Any]) -> str:
-    classes = len(results["per_class_acc"])
+    names = [terminal_safe(name) for name in results["classes"]]
+    width, label = max(5, *(len(name) for name in names)), max(4, *(len(name) for name in names))
     lines = [
         f"model     {results['source']}",
         f"test set  {results['samples']} samples",
@@ -155,14 +159,14 @@ def render(results: dict[str, Any]) -> str:
         f"test/loss {results['test/loss']:.4f}",
         "",
         "per-class accuracy",
-        "  " + "  ".join(f"{d:>5}" for d in range(classes)),
-        "  " + "  ".join(f"{v:5.3f}" for v in results["per_class_acc"]),
+        "  " + "  ".join(f"{name:>{width}}" for name in names),
+        "  " + "  ".join(f"{v:>{width}.3f}" for v in results["per_class_acc"]),
         "",
         "confusion matrix (rows: true class, columns: predicted)",
-        "true " + "".join(f"{d:>6}" for d in range(classes)),
+        f"{'true':<{label}} " + "".join(f"{name:>{width + 1}}" for name in names),
     ]
-    for row, counts in enumerate(results["confusion_matrix"]):
-        lines.append(f"{row:>4} " + "".join(f"{v:>6}" for v in counts))
+    for name, counts in zip(names, results["confusion_matrix"], strict=True):
+        lines.append(f"{name:>{label}} " + "".join(f"{v:>{width + 1}}" for v in counts))
     return "\n".join(lines)
 
 
@@ -175,8 +179,8 @@ def evaluate_test_set(recipe: Recipe, classifier: Classifier, data_dir: str | No
     if datamodule.per_sample:
         batches = [datamodule.on_after_batch_transfer(batch, 0) for batch in datamodule.test_dataloader()]
         inputs, targets = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
-        return evaluate(classifier, inputs, targets, datamodule.num_classes)
-    return evaluate(classifier, test.inputs, test.targets, datamodule.num_classes)
+        return evaluate(classifier, inputs, targets, datamodule.num_classes, names=datamodule.class_labels())
+    return evaluate(classifier, test.inputs, test.targets, datamodule.num_classes, names=datamodule.class_labels())
 
 
 def plot_confusion(results: dict[str, Any], path: str) -> None:

@@ -334,7 +334,8 @@ def keep_batch(batch: Sequence[Any]) -> Sequence[Any]:
 class TensorDataModule(L.LightningDataModule):
     """Train/validation split of a training set (seeded), and a test set; what a subclass provides:
 
-    - ``input_shape``, ``num_classes``, ``mean`` and ``std`` (per channel, of the normalisation);
+    - ``input_shape``, ``num_classes``, ``mean`` and ``std`` (per channel, of the normalisation), and
+      optionally ``class_names`` (one per class, in index order: what evaluate and predict print);
     - ``load_tensors(train)``: the training or test set as ``(inputs, targets)``, inputs normalised, or
       ``load_samples(train)``: the same as a per-sample ``Dataset`` of unnormalised ``[0, 1]`` inputs (read by
       ``--num-workers`` DataLoader workers, normalised per batch on the device). A recipe with only
@@ -347,6 +348,7 @@ class TensorDataModule(L.LightningDataModule):
 
     input_shape: tuple[int, ...] = ()
     num_classes: int = 0
+    class_names: tuple[str, ...] = ()  # in index order; none: the indices are the names
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     default_val_size: int | float = 0.1  # images, or a share of the training set
@@ -371,6 +373,9 @@ class TensorDataModule(L.LightningDataModule):
         self.per_sample = not has_tensors if per_sample is None else per_sample
         if self.per_sample and not has_samples:
             raise TypeError(f"{own.__name__} has no per-sample dataset (load_samples)")
+        if own.class_names and len(own.class_names) != own.num_classes:
+            raise RecipeError(f"{own.__name__}: class_names names {len(own.class_names)} classes, num_classes is "
+                              f"{own.num_classes}: give one name a class, in index order")
         if not self.per_sample and own.augment is not None:
             raise RecipeError(f"{own.__name__} defines augment, but it holds its training set in memory "
                               "(load_tensors), where nothing augments: read it per sample (load_samples alone) to "
@@ -443,6 +448,10 @@ class TensorDataModule(L.LightningDataModule):
         0.4), False for dark on light (above 0.6), None (no inversion) between. Override to state it."""
         brightness = sum(self.mean) / len(self.mean)
         return True if brightness < 0.4 else False if brightness > 0.6 else None
+
+    def class_labels(self) -> tuple[str, ...]:
+        """Each class's name, in index order: ``class_names``, else the indices themselves (``0``, ``1``, ...)."""
+        return self.class_names or tuple(str(index) for index in range(self.num_classes))
 
     # ------------------------------------------------------------------ the engine's side
 
