@@ -691,6 +691,10 @@ MUTANTS = (
            'return tuple(str(index) for index in',
            ("tests/test_datamodule.py::test_class_names_are_the_recipes_or_the_indices_and_one_a_class",
             "tests/test_new_recipe.py::test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates")),
+    Mutant('tensorboard-classes-by-index', "the TensorBoard pictures name each class as the recipe names it",
+           'project/results/figures.py', '        names = datamodule_of(trainer).class_labels()\n',
+           '        names = None\n',
+           ("tests/test_figures.py::test_a_runs_tensorboard_pictures_name_the_recipes_classes",)),
 )
 
 

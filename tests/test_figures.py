@@ -99,12 +99,49 @@ def test_the_test_set_is_read_where_asked_else_where_the_run_trained():
 def test_the_confusion_figure_is_written_with_the_accuracy_in_its_title(tmp_path, monkeypatch):
     drawn = []
 
-    def confusion_figure(matrix, title):
-        drawn.append((matrix.tolist(), title))
-        return original(matrix, title)
+    def confusion_figure(matrix, title, names):
+        drawn.append((matrix.tolist(), title, names))
+        return original(matrix, title, names)
 
     original = figures.confusion_figure
     monkeypatch.setattr(figures, "confusion_figure", confusion_figure)
-    evaluation.plot_confusion({"test/acc": 0.98765, "confusion_matrix": [[3, 1], [0, 4]]}, str(tmp_path / "cm.png"))
-    assert drawn == [([[3, 1], [0, 4]], "test set, accuracy 0.9877")]
+    evaluation.plot_confusion({"test/acc": 0.98765, "confusion_matrix": [[3, 1], [0, 4]], "classes": ["a", "b"]},
+                              str(tmp_path / "cm.png"))
+    assert drawn == [([[3, 1], [0, 4]], "test set, accuracy 0.9877", ["a", "b"])]  # each class by its name
     assert (tmp_path / "cm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pictures_name_each_class_as_the_recipe_names_it():
+    """With names, the confusion matrix and the mistakes carry them; with the indices as names, nothing changes."""
+    matrix = torch.tensor([[5, 1], [2, 7]])
+    digits = figures.confusion_image(matrix, "test set")
+    assert torch.equal(figures.confusion_image(matrix, "test set", ["0", "1"]), digits)
+    named = figures.confusion_image(matrix, "test set", ["circle", "triangle"])
+    assert named.shape[2] > digits.shape[2]  # the columns widen to their names
+    images, predicted, true, confidence = torch.rand(2, 1, 8, 8), torch.tensor([1, 0]), torch.tensor([0, 1]), \
+        torch.tensor([0.9, 0.8])
+    plain = figures.mistakes_image(images, predicted, true, confidence)
+    assert torch.equal(figures.mistakes_image(images, predicted, true, confidence, names=["0", "1"]), plain)
+    assert not torch.equal(figures.mistakes_image(images, predicted, true, confidence, names=["cat", "dog"]), plain)
+    ax = figures.confusion_figure(matrix, "test set", ["circle", "triangle"]).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [t.get_text() for t in ax.get_yticklabels()] == [
+        "circle", "triangle"]
+
+
+def test_a_runs_tensorboard_pictures_name_the_recipes_classes(shared_tiny_data, tmp_path, monkeypatch):
+    """The real run's callbacks hand the datamodule's names to the validation and test confusion matrices and the
+    worst mistakes."""
+    from helpers import tiny_config, train
+    from tests.tiny_recipe.data import TinyDataModule
+
+    names = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    monkeypatch.setattr(TinyDataModule, "class_names", names)
+    drawn = []
+    confusion, mistakes = figures.confusion_image, figures.mistakes_image
+    monkeypatch.setattr(figures, "confusion_image", lambda matrix, title, given=None: drawn.append(
+        (title, given)) or confusion(matrix, title, given))
+    monkeypatch.setattr(figures, "mistakes_image", lambda *args, names=None, **kwargs: drawn.append(
+        ("worst", names)) or mistakes(*args, names=names, **kwargs))
+    train(tiny_config(shared_tiny_data, tmp_path / "logs", max_epochs=1, lr=1e-6))  # barely trained: mistakes
+    assert [title for title, _ in drawn] == ["validation, epoch 1", "test set", "worst"]
+    assert all(tuple(given) == names for _, given in drawn)

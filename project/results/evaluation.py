@@ -187,4 +187,4 @@ def plot_confusion(results: dict[str, Any], path: str) -> None:
     from project.results.figures import confusion_figure
 
     title = f"test set, accuracy {results['test/acc']:.4f}"
-    confusion_figure(torch.tensor(results["confusion_matrix"]), title).savefig(path, dpi=120)
+    confusion_figure(torch.tensor(results["confusion_matrix"]), title, results["classes"]).savefig(path, dpi=120)

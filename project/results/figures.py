@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,8 +46,13 @@ def _as_tensor(image: Any) -> torch.Tensor:
     return pixels.view(image.height, image.width, 3).permute(2, 0, 1).float().div(255)
 
 
-def confusion_image(matrix: torch.Tensor, title: str) -> torch.Tensor:
-    """A labelled confusion matrix as a ``(3, H, W)`` image: true class down, predicted across, each cell's count
+def class_names_or_indices(names: Sequence[str] | None, classes: int) -> list[str]:
+    return list(names) if names else [str(index) for index in range(classes)]
+
+
+def confusion_image(matrix: torch.Tensor, title: str, names: Sequence[str] | None = None) -> torch.Tensor:
+    """A labelled confusion matrix as a ``(3, H, W)`` image: true class down, predicted across (each by its name in
+    ``names``, else its index), each cell's count
     written in it and shaded by its share of the row (green on the diagonal, red off it, relative to the largest
     confusion so that a few mistakes among thousands still show). Drawn with Pillow in a millisecond or two, so
     validation draws one every epoch."""
@@ -59,7 +65,8 @@ def confusion_image(matrix: torch.Tensor, title: str) -> torch.Tensor:
     diagonal = torch.eye(classes, dtype=torch.bool)
     errors = share.masked_fill(diagonal, 0)
     errors = errors / errors.max().clamp(min=1e-9)
-    widest = max(font.getbbox(str(int(counts.max())))[2], font.getbbox(str(classes - 1))[2])
+    labels = class_names_or_indices(names, classes)
+    widest = max(font.getbbox(str(int(counts.max())))[2], *(font.getbbox(label)[2] for label in labels))
     line = font.getbbox("Ag")[3]
     cell = max(2 * line, widest + 12)
     left, top = line + widest + 14, 3 * line + 16
@@ -69,8 +76,8 @@ def confusion_image(matrix: torch.Tensor, title: str) -> torch.Tensor:
     draw.text((left + classes * cell / 2, line + 6), "predicted", fill="black", font=font, anchor="mt")
     draw.text((2, top + classes * cell / 2), "true", fill="black", font=font, anchor="lm")
     for index in range(classes):
-        draw.text((left + index * cell + cell / 2, top - 2), str(index), fill="black", font=font, anchor="mb")
-        draw.text((left - 4, top + index * cell + cell / 2), str(index), fill="black", font=font, anchor="rm")
+        draw.text((left + index * cell + cell / 2, top - 2), labels[index], fill="black", font=font, anchor="mb")
+        draw.text((left - 4, top + index * cell + cell / 2), labels[index], fill="black", font=font, anchor="rm")
     for row in range(classes):
         for col in range(classes):
             strength = float(share[row, col] if row == col else errors[row, col])
@@ -85,16 +92,20 @@ def confusion_image(matrix: torch.Tensor, title: str) -> torch.Tensor:
 
 
 def mistakes_image(images: torch.Tensor, predicted: torch.Tensor, true: torch.Tensor,
-                   confidence: torch.Tensor, columns: int = 8) -> torch.Tensor:
+                   confidence: torch.Tensor, columns: int = 8, names: Sequence[str] | None = None) -> torch.Tensor:
     """Misclassified inputs (``(N, C, H, W)`` pixels in [0, 1]) in a grid, each under its predicted class, its
-    confidence and its true class, as a ``(3, H, W)`` image. Small images are enlarged by a whole factor
-    (nearest neighbour, no blur) so that every label stays readable; grey ones as dark ink on white paper."""
+    confidence and its true class (by name in ``names``, else by index), as a ``(3, H, W)`` image. Small images are
+    enlarged by a whole factor (nearest neighbour, no blur) so that every label stays readable; grey ones as dark
+    ink on white paper."""
     from PIL import Image, ImageDraw
 
     font = _font()
     count = len(images)
     channels, height, width = images.shape[1:]
-    label_width = max(font.getbbox("pred 00 (100%)")[2], font.getbbox("true 00")[2])
+    shown = [int(c) for c in torch.cat([predicted, true]).tolist()]
+    labels = class_names_or_indices(names, max(shown, default=0) + 1)
+    widest = max((labels[c] for c in shown), key=lambda label: font.getbbox(label)[2], default="00")
+    label_width = max(font.getbbox(f"pred {widest} (100%)")[2], font.getbbox("pred 00 (100%)")[2])
     factor = max(1, -(-56 // max(height, width)))
     shown_h, shown_w = height * factor, width * factor
     line = font.getbbox("Ag")[3] + 1
@@ -110,14 +121,15 @@ def mistakes_image(images: torch.Tensor, predicted: torch.Tensor, true: torch.Te
         tile = (pixels[index] * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
         canvas.paste(Image.frombytes("RGB", (shown_w, shown_h), tile.numpy().tobytes()),
                      (x + (cell_w - shown_w) // 2, y + 2 * line + 2))
-        draw.text((x + cell_w / 2, y + 1), f"pred {int(predicted[index])} ({float(confidence[index]):.0%})",
+        draw.text((x + cell_w / 2, y + 1), f"pred {labels[int(predicted[index])]} ({float(confidence[index]):.0%})",
                   fill=(160, 20, 20), font=font, anchor="mt")
-        draw.text((x + cell_w / 2, y + line + 1), f"true {int(true[index])}", fill="black", font=font, anchor="mt")
+        draw.text((x + cell_w / 2, y + line + 1), f"true {labels[int(true[index])]}", fill="black", font=font,
+                  anchor="mt")
     return _as_tensor(canvas)
 
 
-def confusion_figure(matrix: torch.Tensor, title: str) -> Any:
-    """A labelled confusion-matrix figure with counts in each cell."""
+def confusion_figure(matrix: torch.Tensor, title: str, names: Sequence[str] | None = None) -> Any:
+    """A labelled confusion-matrix figure with counts in each cell, each class by its name (else its index)."""
     from matplotlib.figure import Figure  # not pyplot: figures may be drawn off the main thread
 
     counts = matrix.detach().cpu().long()
@@ -128,8 +140,12 @@ def confusion_figure(matrix: torch.Tensor, title: str) -> Any:
         if value:
             colour = "white" if row == col else "black"
             ax.text(col, row, str(value), ha="center", va="center", fontsize=7, color=colour)
+    labels = class_names_or_indices(names, counts.shape[0])
     ax.set(xticks=range(counts.shape[1]), yticks=range(counts.shape[0]), xlabel="predicted", ylabel="true",
            title=title)
+    ax.set_xticklabels(labels, rotation=45 if max(map(len, labels)) > 2 else 0, ha="right" if max(
+        map(len, labels)) > 2 else "center")
+    ax.set_yticklabels(labels)
     fig.tight_layout()
     return fig
 
@@ -283,7 +299,8 @@ class TensorBoardFigures(Callback):
         self.val_confusion.reset()
         if not trainer.sanity_checking and trainer.is_global_zero:
             title = f"validation, epoch {trainer.current_epoch + 1}"
-            self._image(trainer, "val/confusion_matrix", confusion_image(confusion, title))
+            self._image(trainer, "val/confusion_matrix",
+                        confusion_image(confusion, title, datamodule_of(trainer).class_labels()))
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.test_confusion.reset()
@@ -299,11 +316,12 @@ class TensorBoardFigures(Callback):
         worst = self.worst.compute(pl_module)
         if tensorboard_of(trainer) is None or not trainer.is_global_zero:
             return
-        self._image(trainer, "test/confusion_matrix", confusion_image(confusion, "test set"))
+        names = datamodule_of(trainer).class_labels()
+        self._image(trainer, "test/confusion_matrix", confusion_image(confusion, "test set", names))
         if len(worst["predicted"]):
             images = datamodule_of(trainer).to_image(worst["inputs"])
             self._image(trainer, "test/worst_misclassified",
-                        mistakes_image(images, worst["predicted"], worst["true"], worst["confidence"]))
+                        mistakes_image(images, worst["predicted"], worst["true"], worst["confidence"], names=names))
 
 
 class ModelInTensorBoard(Callback):
