@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Measure a trained model on the recipe's test set: loss, accuracy, per-class accuracy, confusion matrix."""
+"""Measure a trained model on the recipe's test set, or on a folder of class folders of image files: loss, accuracy,
+per-class accuracy, confusion matrix."""
 
 from __future__ import annotations
 
@@ -20,15 +21,21 @@ def main(recipe: Recipe, args: argparse.Namespace) -> int:
 
     classifier = evaluation.load_classifier(recipe, args.ckpt, args.weights, args.logdir, args.name)
     print(f"evaluate.py: using {classifier.describe()}", file=sys.stderr)
-    data_dir = evaluation.test_data_dir(classifier, args.data_dir)
-    if data_dir != args.data_dir:
-        print(f"evaluate.py: test set from {data_dir}, the data its run trained on", file=sys.stderr)
-    results = evaluation.evaluate_test_set(recipe, classifier, data_dir)
+    failures: list[tuple[Path, str]] = []
+    if args.images:
+        results, failures = evaluation.evaluate_folder(recipe, classifier, Path(args.images))
+        for path, reason in failures:
+            print(f"evaluate.py: {path}: {reason} (left out)", file=sys.stderr)
+    else:
+        data_dir = evaluation.test_data_dir(classifier, args.data_dir)
+        if data_dir != args.data_dir:
+            print(f"evaluate.py: test set from {data_dir}, the data its run trained on", file=sys.stderr)
+        results = evaluation.evaluate_test_set(recipe, classifier, data_dir)
     print(json.dumps(results, indent=2) if args.json else evaluation.render(results))
     if args.plot:
         evaluation.plot_confusion(results, args.plot)
         print(f"confusion matrix drawn to {args.plot}", file=sys.stderr)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

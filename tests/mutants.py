@@ -695,6 +695,11 @@ MUTANTS = (
            'project/results/figures.py', '        names = datamodule_of(trainer).class_labels()\n',
            '        names = None\n',
            ("tests/test_figures.py::test_a_runs_tensorboard_pictures_name_the_recipes_classes",)),
+    Mutant('evaluate-images-takes-hidden-folders', "evaluate.py --images reads class folders as training does",
+           'project/results/evaluation.py', 'classes = sorted(p for p in folder.iterdir() if p.is_dir() and not '
+           'p.name.startswith("."))', 'classes = sorted(p for p in folder.iterdir() if p.is_dir())',
+           ("tests/test_after_training.py::test_evaluate_images_measures_a_folder_of_class_folders_each_named_as_its_"
+            "class",)),
 )
 
 

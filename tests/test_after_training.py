@@ -404,3 +404,39 @@ def test_a_run_records_its_recipe_and_data_and_its_config_is_refused_by_another_
     assert capsys.readouterr().err.endswith(f"--config {config_file}: made for recipe 'tests.tiny_recipe', and the "
                                             "recipe here is tests.second_recipe: run it with "
                                             "PROJECT_RECIPE=tests.tiny_recipe\n")
+
+
+class AlwaysColumn(torch.nn.Module):
+    """A classifier that says "column" (class 1) of every image, whatever it is."""
+
+    source = "a classifier that always says column"
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        assert batch.shape[1:] == (3, 16, 16)  # read as the recipe reads an image
+        return torch.log_softmax(torch.tensor([[0.0, 2.0, 1.0]] * len(batch)), dim=1)
+
+
+def test_evaluate_images_measures_a_folder_of_class_folders_each_named_as_its_class(tmp_path):
+    from PIL import Image
+
+    from project.contract import load_recipe
+    from project.errors import UsageError
+    from project.results.evaluation import evaluate_folder
+
+    recipe = load_recipe("tests.disk_recipe")
+    for name, count in (("bar", 2), ("column", 1), ("square", 1)):
+        (tmp_path / "held" / name).mkdir(parents=True)
+        for index in range(count):
+            Image.new("RGB", (20, 12), (40 * index, 90, 200)).save(tmp_path / "held" / name / f"{index}.png")
+    (tmp_path / "held" / "square" / "notes.txt").write_text("not an image")
+    (tmp_path / "held" / ".thumbnails").mkdir()  # hidden: not a class
+    results, failures = evaluate_folder(recipe, AlwaysColumn(), tmp_path / "held")
+    assert results["classes"] == ["bar", "column", "square"] and results["samples"] == 4
+    assert results["confusion_matrix"] == [[0, 2, 0], [0, 1, 0], [0, 1, 0]] and results["test/acc"] == 0.25
+    assert [path.name for path, _ in failures] == ["notes.txt"]
+    (tmp_path / "held" / "zebra").mkdir()
+    with pytest.raises(UsageError, match=r"^--images .*/held: 'zebra' is not one of the recipe's classes \(its "
+                                         r"classes: bar, column, square\); name each folder as its class$"):
+        evaluate_folder(recipe, AlwaysColumn(), tmp_path / "held")
+    with pytest.raises(UsageError, match=r"^--images .*/nowhere: no such folder$"):
+        evaluate_folder(recipe, AlwaysColumn(), tmp_path / "nowhere")

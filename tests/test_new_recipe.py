@@ -70,6 +70,16 @@ def test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates
         assert row["name"] == evaluation["classes"][row["class"]]  # the index kept beside the name
     table = run_script_warm("predict.py", "--logdir", str(logs), str(test_files[0][0]), env=env)
     assert table.stdout.split("\t")[1] == rows[0]["name"]  # a row names its class
+    # The held-out files laid out as class folders: evaluate.py --images measures them as predict.py reads them.
+    for path, label in test_files:
+        (tmp_path / "held" / evaluation["classes"][label]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, tmp_path / "held" / evaluation["classes"][label] / path.name)
+    folder = run_script_warm("evaluate.py", "--logdir", str(logs), "--json", "--images", str(tmp_path / "held"),
+                             env=env)
+    assert folder.returncode == 0, folder.stderr
+    measured = json.loads(folder.stdout)
+    assert measured["confusion_matrix"] == confusion.tolist() and measured["samples"] == len(test_files)
+    assert measured["test/acc"] == pytest.approx(float(confusion.diagonal().sum()) / len(test_files))
     assert confusion.tolist() == evaluation["confusion_matrix"]  # file by file, the same pixels
 
 

@@ -181,6 +181,8 @@ def parse_evaluate_args(recipe: Recipe, description: str | None) -> argparse.Nam
     parser = _tool_parser("evaluate.py", description)
     _model_source(parser, recipe)
     parser.add_argument("--data-dir", help=recipe.data_help)
+    parser.add_argument("--images", metavar="DIR", help="measure on a folder of class folders of image files instead "
+                        "(each folder named as its class), each file read as predict.py reads it")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", metavar="PNG", type=argparse_type(image_file),
                         help="also draw the confusion matrix to this file (.png, .pdf, .svg, .jpg)")

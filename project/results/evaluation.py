@@ -15,10 +15,11 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project import EVAL_BATCH_SIZE
 from project.config.schema import settings_of
 from project.contract import Recipe
-from project.errors import CheckpointError, first_line, terminal_safe
+from project.errors import CheckpointError, ImageError, UsageError, first_line, terminal_safe
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
 from project.reliability.run_folder import RunFolder
+from project.results.image_files import files_in
 
 TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 
@@ -181,6 +182,35 @@ def evaluate_test_set(recipe: Recipe, classifier: Classifier, data_dir: str | No
         inputs, targets = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
         return evaluate(classifier, inputs, targets, datamodule.num_classes, names=datamodule.class_labels())
     return evaluate(classifier, test.inputs, test.targets, datamodule.num_classes, names=datamodule.class_labels())
+
+
+def evaluate_folder(recipe: Recipe, classifier: Classifier, folder: Path) -> tuple[dict[str, Any],
+                                                                                  list[tuple[Path, str]]]:
+    """``evaluate`` on a folder of class folders (each named as one of the recipe's classes), each file read as
+    ``predict.py`` reads it; and the files that could not be read, with why (left out of the numbers)."""
+    datamodule = recipe_data(recipe)
+    names = datamodule.class_labels()
+    if not folder.is_dir():
+        raise UsageError(f"--images {folder}: no such folder")
+    classes = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    unknown = [p.name for p in classes if p.name not in names]
+    if unknown or not classes:
+        raise UsageError(f"--images {folder}: " + (f"{unknown[0]!r} is not one of the recipe's classes" if unknown
+                         else "no class folders in it") + f" (its classes: {', '.join(names)}); name each folder "
+                         "as its class")
+    inputs, targets, failures = [], [], []
+    for class_folder in classes:
+        for path in files_in(class_folder):
+            try:
+                inputs.append(datamodule.read_image(path))
+            except ImageError as err:
+                failures.append((path, str(err)))
+                continue
+            targets.append(names.index(class_folder.name))
+    if not inputs:
+        raise UsageError(f"--images {folder}: none of its files could be read as an image")
+    results = evaluate(classifier, torch.stack(inputs), torch.tensor(targets), datamodule.num_classes, names=names)
+    return results, failures
 
 
 def plot_confusion(results: dict[str, Any], path: str) -> None:

@@ -85,13 +85,18 @@ def read_resized(path: str | os.PathLike, shape: tuple[int, ...], dark_backgroun
     return with_image(path, pixels)
 
 
+def files_in(folder: Path) -> list[Path]:
+    """The files directly in ``folder`` that a user means: sorted, hidden ones left out."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def image_files(inputs: list[str]) -> list[Path]:
     """Files named directly, plus every file in named directories (sorted, not recursive); a folder with no file in
     it is one line (``UsageError``): nothing classified must not read as success."""
     files: list[Path] = []
     for item in map(Path, inputs):
         if item.is_dir():
-            found = sorted(p for p in item.iterdir() if p.is_file() and not p.name.startswith("."))
+            found = files_in(item)
             if not found:
                 raise UsageError(f"{item}: no files in this folder (predict.py reads the files directly in it, not "
                                  "in its subfolders)")

@@ -16,6 +16,7 @@ CLASSES = ("bar", "column", "square")
 class ShapesDataModule(TensorDataModule):
     input_shape = (3, 16, 16)
     num_classes = len(CLASSES)
+    class_names = CLASSES
     mean, std = (0.25, 0.25, 0.25), (0.25, 0.25, 0.25)
     default_val_size = 0.2
 
