@@ -3,6 +3,9 @@ registry) takes effect, and one made half is refused in one line before anything
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 import torch
 from mutants import copy_template
@@ -11,7 +14,7 @@ from helpers import TINY, make_tiny_data, one_line_error, run_script
 from project.errors import UsageError
 from project.training import classifier
 
-RMSPROP = '    "rmsprop": lambda parameters, s: torch.optim.RMSprop(parameters, lr=s.lr, momentum=s.momentum),\n'
+RMSPROP_LINE = '    "rmsprop": lambda parameters, s: torch.optim.RMSprop(parameters, lr=s.lr, momentum=s.momentum),\n'
 ADAMW_LINE = '    "adamw": _adam(torch.optim.AdamW),\n'
 NAMES = 'OPTIMIZERS = ("sgd", "adam", "adamw")'
 
@@ -67,53 +70,57 @@ def test_each_registered_optimizer_builds_itself(name, kind, state):
     assert state in optimizer.state[network.weight]
 
 
+@dataclass(frozen=True)
+class Registration:
+    """A name added to one of ``project/__init__.py``'s tuples, and its builder to the registry in ``registry``."""
+
+    flag: str
+    name: str
+    names: str  # the tuple's line, as it is
+    registry: str  # the registry's file, from the template's root
+    anchor: str  # a line of the registry, found once: the builder goes after it
+    builder: str
+
+    def trained_in_a_copy(self, tmp_path: Path) -> Path:
+        """Half of it (the name alone) is refused in one line before anything trains, naming the file to edit; the
+        whole trains. The run's logs."""
+        template = copy_template(tmp_path / "template")
+        names, builders = template / "project" / "__init__.py", template / self.registry
+        names.write_text(names.read_text().replace(self.names, self.names.replace(")", f', "{self.name}")')))
+        plain = builders.read_text()
+        assert plain.count(self.anchor) == 1
+        data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+        arguments = (self.flag, self.name, "--max-epochs", "1", "--data-dir", str(data), "--logdir", str(logs), *TINY)
+        half = run_script("train.py", *arguments, root=template)
+        assert half.returncode == 2
+        tuple_name = self.names.split(" = ")[0]
+        assert one_line_error(half.stderr).endswith(f"'{self.name}' is in project.{tuple_name} but has no builder in "
+                                                    f"{self.registry}")
+        assert not logs.exists()
+        builders.write_text(plain.replace(self.anchor, self.anchor + self.builder))
+        done = run_script("train.py", *arguments, root=template)
+        assert done.returncode == 0, done.stderr
+        return logs
+
+
+RMSPROP = Registration("--optimizer", "rmsprop", NAMES, "project/training/classifier.py", ADAMW_LINE, RMSPROP_LINE)
+PLAIN_CSV = Registration(
+    "--logger", "plain-csv", 'LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")', "project/training/build.py",
+    '    "csv": lambda config, version: AppendingCSVLogger(config.logdir, name=config.name, version=version),\n',
+    '    "plain-csv": lambda config, version: CSVLogger(config.logdir, name=config.name, version=version),\n')
+
+
 @pytest.mark.slow
 def test_a_new_optimizer_is_its_builder_and_its_name_and_half_of_it_is_one_line(tmp_path):
-    template = copy_template(tmp_path / "template")
-    names, builders = template / "project" / "__init__.py", template / "project" / "training" / "classifier.py"
-    names.write_text(names.read_text().replace(NAMES, NAMES.replace('"adamw")', '"adamw", "rmsprop")')))
-    plain = builders.read_text()
-    assert plain.count(ADAMW_LINE) == 1
-    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
-    arguments = ("--optimizer", "rmsprop", "--max-epochs", "1", "--data-dir", str(data), "--logdir", str(logs), *TINY)
-    # The name alone: refused before anything trains, naming the file to edit.
-    half = run_script("train.py", *arguments, root=template)
-    assert half.returncode == 2
-    assert one_line_error(half.stderr).endswith("'rmsprop' is in project.OPTIMIZERS but has no builder in "
-                                                "project/training/classifier.py")
-    assert not logs.exists()
-    builders.write_text(plain.replace(ADAMW_LINE, ADAMW_LINE + RMSPROP))
-    done = run_script("train.py", *arguments, root=template)
-    assert done.returncode == 0, done.stderr
+    logs = RMSPROP.trained_in_a_copy(tmp_path)
     last = next(logs.glob("*/version_0/checkpoints/last.ckpt"))
     state = torch.load(last, weights_only=True)["optimizer_states"][0]["state"]
     assert all("square_avg" in per_parameter for per_parameter in state.values())  # RMSprop's, no other's
 
 
-PLAIN_CSV = ('    "plain-csv": lambda config, version: CSVLogger(config.logdir, name=config.name, version=version),\n')
-CSV_LINE = '    "csv": lambda config, version: AppendingCSVLogger(config.logdir, name=config.name, version=version),\n'
-LOGGER_NAMES = 'LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")'
-
-
 @pytest.mark.slow
 def test_a_new_logger_is_its_builder_and_its_name_and_half_of_it_is_one_line(tmp_path):
-    template = copy_template(tmp_path / "template")
-    names, builders = template / "project" / "__init__.py", template / "project" / "training" / "build.py"
-    named = LOGGER_NAMES.replace('"mlflow")', '"mlflow", "plain-csv")')
-    names.write_text(names.read_text().replace(LOGGER_NAMES, named))
-    plain = builders.read_text()
-    assert plain.count(CSV_LINE) == 1
-    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
-    arguments = ("--logger", "plain-csv", "--max-epochs", "1", "--data-dir", str(data), "--logdir", str(logs), *TINY)
-    half = run_script("train.py", *arguments, root=template)
-    assert half.returncode == 2
-    assert one_line_error(half.stderr).endswith("'plain-csv' is in project.LOGGERS but has no builder in "
-                                                "project/training/build.py")
-    assert not logs.exists()
-    builders.write_text(plain.replace(CSV_LINE, CSV_LINE + PLAIN_CSV))
-    done = run_script("train.py", *arguments, root=template)
-    assert done.returncode == 0, done.stderr
-    run = logs / "tiny" / "version_0"
+    run = PLAIN_CSV.trained_in_a_copy(tmp_path) / "tiny" / "version_0"
     assert "val/acc" in (run / "metrics.csv").read_text().splitlines()[0]  # Lightning's own CSVLogger wrote it
     assert not list(run.glob("events.out.tfevents.*"))  # and no TensorBoard logger was made
 
