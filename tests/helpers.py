@@ -239,9 +239,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# What a run prints on stderr before it fails mid-training: its data card, Lightning's device lines, its epoch lines.
-RUN_STARTED = (r"data: \d", r"GPU available: ", r"TPU available: ", r"Loading `train_dataloader`",
-               r"epoch \d+/\d+  step \d+ ")
+# What a run prints on stderr before it fails mid-training: its data card (and the tests' small validation split's
+# warning), Lightning's device lines, its epoch lines.
+RUN_STARTED = (r"data: \d", r"data: warning: the validation split holds", r"GPU available: ", r"TPU available: ",
+               r"Loading `train_dataloader`", r"epoch \d+/\d+  step \d+ ")
 
 
 def one_line_error(stderr: str, prog: str = "train.py", after: tuple[str, ...] = ()) -> str:

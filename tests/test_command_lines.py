@@ -27,7 +27,7 @@ def test_each_tools_settings_and_defaults(monkeypatch):
     common = {"debug": False}
     model = {"ckpt": None, "weights": None, "logdir": "lightning_logs", "name": "tiny"}
     assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None)) == {
-        **common, **model, "data_dir": None, "json": False, "plot": None}
+        **common, **model, "data_dir": None, "images": None, "json": False, "plot": None}
     assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "dir") == {
         **common, "inputs": ["a.png", "dir"], **model, "topk": 1, "json": False}
     assert parsed(monkeypatch, lambda: cli.parse_check_recipe_args(None)) == {
@@ -61,9 +61,9 @@ def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
     recipe = tiny_recipe()
     plot, out = str(tmp_path / "m.png"), str(tmp_path / "out")
     assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None), "--plot", plot, "--name", "mine",
-                  "--ckpt", "last", "--json", "--debug", "--data-dir", "d", "--logdir", "l") == {
+                  "--ckpt", "last", "--json", "--debug", "--data-dir", "d", "--logdir", "l", "--images", "held") == {
         "debug": True, "ckpt": "last", "weights": None, "logdir": "l", "name": "mine", "data_dir": "d", "json": True,
-        "plot": plot}
+        "plot": plot, "images": "held"}
     assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "--topk", "3", "--weights",
                   "m.pth", "--json") == {"debug": False, "inputs": ["a.png"], "ckpt": None, "weights": "m.pth",
                                          "logdir": "lightning_logs", "name": "tiny", "topk": 3, "json": True}

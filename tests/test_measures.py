@@ -25,9 +25,9 @@ def test_each_confusion_matrix_counts_its_split_once(data, tmp_path, monkeypatch
     drawn: list[tuple[str, int]] = []
     real = figures.confusion_image
 
-    def counted(confusion, title):
+    def counted(confusion, title, names):
         drawn.append((title, int(confusion.sum())))
-        return real(confusion, title)
+        return real(confusion, title, names)
 
     monkeypatch.setattr(figures, "confusion_image", counted)
     train(tiny_config(data, tmp_path, max_epochs=3, steps_per_call=1))
