@@ -212,3 +212,43 @@ def test_a_new_training_setting_declared_in_schema_alone_is_kept_by_a_resume(tmp
     adopted = run_script("train.py", "--max-epochs", "2", "--resume", "last", *common, root=template)
     assert adopted.returncode == 0, adopted.stderr
     assert "with its run's settings: --knob 0.5" in adopted.stderr
+
+
+MARKER = """\
+    class Marker(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            Path(trainer.log_dir, "marker.txt").write_text(str(trainer.global_step))
+
+    callbacks.append(Marker())
+"""
+
+
+@pytest.mark.slow
+def test_a_new_metric_and_a_new_callback_take_effect_where_the_table_says(tmp_path):
+    """A metric object added to ``ClassifierModule`` and logged in the step reaches TensorBoard and ``metrics.csv``;
+    a callback added in ``build_callbacks`` runs in every run (one that notes the run's last step in its folder)."""
+    from helpers import event_accumulator
+
+    template = copy_template(tmp_path / "template")
+    module = template / "project" / "training" / "classifier.py"
+    made, logged = "        self.val_acc_best = MaxMetric()\n", '        self.log(f"{stage}/acc", acc, prog_bar=True)\n'
+    text = module.read_text()
+    assert text.count(made) == 1 and text.count(logged) == 1
+    module.write_text(text.replace(made, made + "        from torchmetrics.classification import MulticlassAccuracy\n"
+                                   "        self.val_top2 = MulticlassAccuracy(num_classes, top_k=2)\n").replace(
+        logged, logged + '        if stage == "val":\n            self.val_top2.update(outputs, y)\n'
+                         '            self.log("val/top2", self.val_top2)\n'))
+    build = template / "project" / "training" / "build.py"
+    anchor = "    if config.fast_dev_run:\n        return callbacks\n"
+    assert build.read_text().count(anchor) == 1
+    build.write_text(build.read_text().replace(anchor, MARKER + anchor))
+    data, logs = make_tiny_data(tmp_path / "data"), tmp_path / "logs"
+    done = run_script("train.py", "--max-epochs", "1", "--logger", "tensorboard,csv", "--data-dir", str(data),
+                      "--logdir", str(logs), *TINY, root=template)
+    assert done.returncode == 0, done.stderr
+    run = logs / "tiny" / "version_0"
+    columns = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val/top2" in columns, columns
+    assert [e.step for e in event_accumulator(run).Scalars("val/top2")]  # and in TensorBoard
+    steps = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert (run / "marker.txt").read_text() == str(steps) and steps > 0  # the callback ran at the run's end
