@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,11 @@ def _one_line(err: BaseException) -> str:
         place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
     message = first_line(err) if not isinstance(err, SyntaxError) else err.msg
     return f"{type(err).__name__}: {message} ({place})"
+
+
+def class_labels(names: Sequence[str] | None, count: int) -> list[str]:
+    """Each class's name, in index order: a recipe's ``class_names``, else the indices (``0``, ``1``, ...)."""
+    return list(names) if names else [str(index) for index in range(count)]
 
 
 def recipe_package() -> str:

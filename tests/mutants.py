@@ -687,8 +687,8 @@ MUTANTS = (
            ("tests/test_resume_settings.py::test_the_best_checkpoints_state_keeps_lightnings_key_so_older_runs_resume_"
             "with_their_best_scores",)),
     Mutant('classes-by-index-only', "evaluate and predict name each class as the recipe names it",
-           'project/training/tensor_data.py', 'return self.class_names or tuple(str(index) for index in',
-           'return tuple(str(index) for index in',
+           'project/contract.py', 'return list(names) if names else [str(index) for index in range(count)]',
+           'return [str(index) for index in range(count)]',
            ("tests/test_datamodule.py::test_class_names_are_the_recipes_or_the_indices_and_one_a_class",
             "tests/test_new_recipe.py::test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates")),
     Mutant('tensorboard-classes-by-index', "the TensorBoard pictures name each class as the recipe names it",

@@ -14,7 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from project import EVAL_BATCH_SIZE
 from project.config.schema import settings_of
-from project.contract import Recipe
+from project.contract import Recipe, class_labels
 from project.errors import CheckpointError, ImageError, UsageError, first_line, terminal_safe
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
@@ -144,7 +144,7 @@ def evaluate(classifier: Classifier, inputs: torch.Tensor, targets: torch.Tensor
         "samples": len(targets),
         "test/loss": float(loss.compute()),
         "test/acc": float(accuracy.compute()),
-        "classes": list(names) or [str(index) for index in range(num_classes)],
+        "classes": class_labels(names, num_classes),
         "per_class_acc": [float(v) for v in per_class.compute()],
         "confusion_matrix": confusion.compute().tolist(),
     }

@@ -22,6 +22,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
 
+from project.contract import class_labels
 from project.reliability.run_folder import tensorboard_of
 
 
@@ -46,10 +47,6 @@ def _as_tensor(image: Any) -> torch.Tensor:
     return pixels.view(image.height, image.width, 3).permute(2, 0, 1).float().div(255)
 
 
-def class_names_or_indices(names: Sequence[str] | None, classes: int) -> list[str]:
-    return list(names) if names else [str(index) for index in range(classes)]
-
-
 def confusion_image(matrix: torch.Tensor, title: str, names: Sequence[str] | None = None) -> torch.Tensor:
     """A labelled confusion matrix as a ``(3, H, W)`` image: true class down, predicted across (each by its name in
     ``names``, else its index), each cell's count
@@ -65,7 +62,7 @@ def confusion_image(matrix: torch.Tensor, title: str, names: Sequence[str] | Non
     diagonal = torch.eye(classes, dtype=torch.bool)
     errors = share.masked_fill(diagonal, 0)
     errors = errors / errors.max().clamp(min=1e-9)
-    labels = class_names_or_indices(names, classes)
+    labels = class_labels(names, classes)
     widest = max(font.getbbox(str(int(counts.max())))[2], *(font.getbbox(label)[2] for label in labels))
     line = font.getbbox("Ag")[3]
     cell = max(2 * line, widest + 12)
@@ -103,7 +100,7 @@ def mistakes_image(images: torch.Tensor, predicted: torch.Tensor, true: torch.Te
     count = len(images)
     channels, height, width = images.shape[1:]
     shown = [int(c) for c in torch.cat([predicted, true]).tolist()]
-    labels = class_names_or_indices(names, max(shown, default=0) + 1)
+    labels = class_labels(names, max(shown, default=0) + 1)
     widest = max((labels[c] for c in shown), key=lambda label: font.getbbox(label)[2], default="00")
     label_width = max(font.getbbox(f"pred {widest} (100%)")[2], font.getbbox("pred 00 (100%)")[2])
     factor = max(1, -(-56 // max(height, width)))
@@ -140,7 +137,7 @@ def confusion_figure(matrix: torch.Tensor, title: str, names: Sequence[str] | No
         if value:
             colour = "white" if row == col else "black"
             ax.text(col, row, str(value), ha="center", va="center", fontsize=7, color=colour)
-    labels = class_names_or_indices(names, counts.shape[0])
+    labels = class_labels(names, counts.shape[0])
     ax.set(xticks=range(counts.shape[1]), yticks=range(counts.shape[0]), xlabel="predicted", ylabel="true",
            title=title)
     ax.set_xticklabels(labels, rotation=45 if max(map(len, labels)) > 2 else 0, ha="right" if max(

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig, resolve_data_dir
-from project.contract import RecipeError
+from project.contract import RecipeError, class_labels
 from project.errors import DataError, UsageError
 
 
@@ -451,7 +451,7 @@ class TensorDataModule(L.LightningDataModule):
 
     def class_labels(self) -> tuple[str, ...]:
         """Each class's name, in index order: ``class_names``, else the indices themselves (``0``, ``1``, ...)."""
-        return self.class_names or tuple(str(index) for index in range(self.num_classes))
+        return tuple(class_labels(self.class_names, self.num_classes))
 
     # ------------------------------------------------------------------ the engine's side
 
