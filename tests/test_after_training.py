@@ -440,3 +440,11 @@ def test_evaluate_images_measures_a_folder_of_class_folders_each_named_as_its_cl
         evaluate_folder(recipe, AlwaysColumn(), tmp_path / "held")
     with pytest.raises(UsageError, match=r"^--images .*/nowhere: no such folder$"):
         evaluate_folder(recipe, AlwaysColumn(), tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=r"^--images .*/empty: no class folders in it \(its classes: bar, column, "
+                                         r"square\); name each folder as its class$"):
+        evaluate_folder(recipe, AlwaysColumn(), tmp_path / "empty")
+    (tmp_path / "unreadable" / "bar").mkdir(parents=True)
+    (tmp_path / "unreadable" / "bar" / "notes.txt").write_text("not an image")
+    with pytest.raises(UsageError, match=r"^--images .*/unreadable: none of its files could be read as an image$"):
+        evaluate_folder(recipe, AlwaysColumn(), tmp_path / "unreadable")
