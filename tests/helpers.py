@@ -324,3 +324,33 @@ def draw_shapes(root: Path, per_class: int = 60, seed: int = 0, modes: tuple[str
                 draw.polygon([(x, y + side), (x + side, y + side), (x + side // 2, y)], fill=fill)
             image.save(root / name / f"{index:03d}.png")
     return root
+
+
+def draw_glyphs(root: Path, classes: str = "ABCDE", per_class: int = 48, side: int = 28, seed: int = 0,
+                colour: bool = False, noise_level: float = 40) -> Path:
+    """Class folders of characters drawn as a hard data set is: each at a random size, place, slant and shade, on a
+    noisy ground (with ``colour``, in random colours). A model needs many more steps than a short check gives to
+    learn them, and does learn them."""
+    import random
+
+    import torch
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = random.Random(seed)
+    noise = torch.Generator().manual_seed(seed)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            mode = "RGB" if colour else "L"
+            ground = tuple(rng.randint(0, 90) for _ in range(3)) if colour else rng.randint(0, 90)
+            glyph = Image.new(mode, (side, side), ground)
+            ink = tuple(rng.randint(140, 255) for _ in range(3)) if colour else rng.randint(140, 255)
+            font = ImageFont.load_default(size=rng.randint(side // 2, side - 4))
+            ImageDraw.Draw(glyph).text((rng.randint(0, side // 4), rng.randint(-side // 8, side // 6)), name,
+                                       fill=ink, font=font)
+            glyph = glyph.rotate(rng.uniform(-25, 25), fillcolor=ground)
+            pixels = torch.frombuffer(bytearray(glyph.tobytes()), dtype=torch.uint8).float()
+            pixels = (pixels + noise_level * torch.randn(pixels.shape, generator=noise)).clamp(0, 255).to(torch.uint8)
+            glyph = Image.frombytes(mode, glyph.size, bytes(pixels.tolist()))
+            glyph.save(root / name / f"{index:03d}.png")
+    return root

@@ -32,6 +32,7 @@ class Mutant:
 # The recipe checks on the example recipes: what a broken variant of either must fail.
 SECOND_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.second_recipe]"
 DISK_RECIPE_CHECKS = "tests/test_recipe_checks.py::test_the_example_recipes_pass_every_check[tests.disk_recipe]"
+LEARNS = "tests/test_recipe_learns.py::test_learns_passes_a_slow_recipe_and_names_the_cause_of_a_broken_one"
 # Each attempt of a hostile user, replayed (its case in brackets).
 HOSTILE = "tests/test_hostile_inputs.py::test_each_hostile_attempt_ends_in_its_one_line"
 
@@ -700,6 +701,23 @@ MUTANTS = (
            'p.name.startswith("."))', 'classes = sorted(p for p in folder.iterdir() if p.is_dir())',
            ("tests/test_after_training.py::test_evaluate_images_measures_a_folder_of_class_folders_each_named_as_its_"
             "class",)),
+    Mutant('learns-slow-recipe-failed', "a recipe that only learns slowly passes learns, with a warning",
+           'project/training/recipe_checks.py',
+           '        return Finding("learns", warning=(\n            f"{ran}, but a longer fit',
+           '        return Finding("learns", problem=(\n            f"{ran}, but a longer fit',
+           (LEARNS + "[letters-as-drawn]",)),
+    Mutant('learns-shift-missed', "learns names test labels shifted against their images",
+           'project/training/recipe_checks.py', '    if fit.shift and fit.shifted.above_chance(sigmas=3)',
+           '    if False and fit.shifted.above_chance(sigmas=3)',
+           (LEARNS + "[letters-test-labels-shifted]",)),
+    Mutant('learns-test-split-read-otherwise-passed', "learns fails a test split read otherwise than training",
+           'project/training/recipe_checks.py', '    if fit.held.above_chance() and (not fit.test.above_chance() or '
+           'fit.held.clearly_above(fit.test)):',
+           '    if fit.held.above_chance() and not fit.test.above_chance(sigmas=0):',
+           (LEARNS + "[letters-test-transposed]",)),
+    Mutant('learns-memorised-labels-passed', "learns fails labels a model memorises but cannot generalise from",
+           'project/training/recipe_checks.py', '    if fit.seen >= MEMORISED:', '    if fit.seen > 1:',
+           (LEARNS + "[letters-labels-shuffled]",)),
 )
 
 
