@@ -46,7 +46,7 @@ def test_images_become_a_recipe_that_travels_trains_and_predicts_as_it_evaluates
     images = shutil.move(images, tmp_path / "copied")
     env = {"PROJECT_RECIPE": "shapes3", "PYTHONPATH": str(tmp_path / "elsewhere")}
     checked = run_script_warm("check_recipe.py", env=env)
-    assert checked.returncode == 0 and "all 10 checks passed" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 0 and "all 11 checks passed" in checked.stdout, checked.stdout + checked.stderr
     logs = tmp_path / "logs"
     trained = run_script_warm("train.py", "--max-epochs", "2", "--logdir", str(logs), "--data-dir", str(images),
                               env=env)

@@ -85,22 +85,23 @@ def test_shared_inputs_are_counted_bit_for_bit():
 def test_the_engines_recipe_passes_every_check(tmp_path):
     config = tiny_config(make_tiny_data(tmp_path / "data"), tmp_path / "logs", max_epochs=3)
     findings = check_recipe(config, tiny_recipe())
-    assert [f.check for f in findings] == ["options", "inputs", "augment", "labels", "outputs", "statistics", "leakage",
-                                           "eval determinism", "fits one batch", "learns"]
+    assert [f.check for f in findings] == ["options", "inputs", "augment", "reads", "labels", "outputs", "statistics",
+                                           "leakage", "eval determinism", "fits one batch", "learns"]
     assert all(f.problem is None for f in findings), "\n".join(f.line() for f in findings)
     lines = [f.line() for f in findings]  # each check's own line, as a user reads it
-    assert lines[:8] == [
+    assert lines[:9] == [
         "ok    options: 1 option(s), each checking its own default",
         "ok    inputs: 1x28x28 floating-point inputs in both splits",
         "ok    augment: the recipe does not augment",
+        "ok    reads: both splits held in memory, read once",
         "ok    labels: every label in [0, 10), every class in the training split",
         "ok    outputs: 10 outputs per input",
         "ok    statistics: mean (0.16,) std (0.21,) as declared",  # measured; declared 0.30 is near enough
         "ok    leakage: 0 test inputs also in training",
         "ok    eval determinism: eval mode is deterministic and per input",
     ]
-    assert lines[8] == "ok    fits one batch: 100% of one batch of 32 after 150 steps"
-    assert re.fullmatch(r"ok    learns: test/acc [01]\.\d{3} after 3 epochs \(chance 0\.100\)", lines[9]), lines[9]
+    assert lines[9] == "ok    fits one batch: 100% of one batch of 32 after 150 steps"
+    assert re.fullmatch(r"ok    learns: test/acc [01]\.\d{3} after 3 epochs \(chance 0\.100\)", lines[10]), lines[10]
 
 
 @pytest.mark.slow
@@ -108,7 +109,7 @@ def test_the_engines_recipe_passes_every_check(tmp_path):
 def test_the_example_recipes_pass_every_check(recipe):
     done = run_script("check_recipe.py", "--max-epochs", "3", env={"PROJECT_RECIPE": recipe})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "all 10 checks passed"
+    assert done.stdout.strip().splitlines()[-1] == "all 11 checks passed"
 
 
 def test_a_run_whose_recipe_declares_a_wrong_mean_is_refused_before_anything_is_written(tmp_path, monkeypatch):
@@ -269,9 +270,11 @@ def tensors_replaced(train=lambda pixels, labels: (pixels, labels), test=lambda 
 
 @pytest.mark.parametrize(("load_tensors", "check", "problem"), [
     (tensors_replaced(train=lambda x, y: (x[:, :, :27], y)), "inputs",
-     "the train split yields inputs of shape (1, 27, 28), but input_shape is (1, 28, 28): make them agree"),
+     "the train split yields inputs of shape (1, 27, 28) where the test split and input_shape have (1, 28, 28): "
+     "read the train split as the test split is read"),
     (tensors_replaced(test=lambda x, y: (x[:, :, :27], y)), "inputs",
-     "the test split yields inputs of shape (1, 27, 28), but input_shape is (1, 28, 28): make them agree"),
+     "the test split yields inputs of shape (1, 27, 28) where the train split and input_shape have (1, 28, 28): "
+     "read the test split as the train split is read"),
     (tensors_replaced(test=lambda x, y: (x.to(torch.uint8), y)), "inputs",
      "the test split yields torch.uint8 inputs: give floating-point pixels in [0, 1] (divide 8-bit images by 255)"),
     (tensors_replaced(train=lambda x, y: (x, y.float())), "labels",
@@ -441,9 +444,10 @@ def shapes(tmp_path, monkeypatch, augment=None):
 
 def test_a_recipe_read_per_sample_gets_every_check(tmp_path, monkeypatch):
     lines = [f.line() for f in shapes(tmp_path, monkeypatch).values()]
-    assert lines[:5] == ["ok    options: 1 option(s), each checking its own default",
+    assert lines[:6] == ["ok    options: 1 option(s), each checking its own default",
                          "ok    inputs: 3x16x16 floating-point inputs in both splits",
                          "ok    augment: keeps shape and dtype; draws only from its generator",
+                         "ok    reads: 63 samples read twice, each the same both times",  # 48 training, 15 test
                          "ok    labels: every label in [0, 3), every class in the training split",
                          "ok    outputs: 3 outputs per input"]
     assert all(line.startswith("ok") for line in lines), lines

@@ -108,7 +108,7 @@ def test_a_killed_run_resumes_to_the_same_weights(installed, tmp_path):
 def test_the_recipe_passes_the_recipe_checks():
     """Labels, inputs, augmentation, statistics, leakage, evaluation and learning (scripts/check_recipe.py)."""
     done = script("check_recipe.py", "--max-epochs", "3")
-    assert done.stdout.strip().splitlines()[-1] == "all 10 checks passed", done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "all 11 checks passed", done.stdout
 
 
 def test_fast_dev_run(installed, tmp_path):

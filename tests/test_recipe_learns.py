@@ -73,9 +73,10 @@ def image_sets(tmp_path_factory) -> dict[str, Path]:
     return {name: draw_glyphs(root / name, **drawn) for name, drawn in IMAGE_SETS.items()}
 
 
-def made(image_sets, tmp_path, monkeypatch, image_set: str, broken: str, name: str = "") -> str:
-    """The recipe new_recipe.py writes for ``image_set``, broken as ``broken`` says; its package name."""
-    name = name or f"{image_set}_{broken.replace('-', '_')}"
+def made(image_sets, tmp_path, monkeypatch, image_set: str, broken: str) -> str:
+    """The recipe new_recipe.py writes for ``image_set`` (its function), broken as ``broken`` says; its package
+    name."""
+    name = f"{image_set}_{broken.replace('-', '_')}"
     package = recipe_from_images(name, image_sets[image_set], tmp_path / "made").package
     assert TEST_SPLIT in (package / "data.py").read_text()  # the line the breaks edit is the one written
     if BREAKS[broken] is not None:
@@ -105,10 +106,14 @@ def test_learns_passes_a_slow_recipe_and_names_the_cause_of_a_broken_one(image_s
 
 
 @pytest.mark.slow
-def test_the_script_passes_a_slow_recipe_with_its_warning_and_exit_status_0(image_sets, tmp_path, monkeypatch):
-    name = made(image_sets, tmp_path, monkeypatch, "colour", "as-drawn", name="colour_by_script")
-    done = run_script_warm("check_recipe.py", env={"PROJECT_RECIPE": name, "PYTHONPATH": str(tmp_path / "made")})
+def test_the_script_passes_a_slow_recipe_with_its_warning_and_exit_status_0(image_sets, tmp_path):
+    """From the command line: new_recipe.py writes the recipe, check_recipe.py warns and exits 0."""
+    made = run_script_warm("new_recipe.py", "colour_by_script", "--images", str(image_sets["colour"]), "--out",
+                           str(tmp_path / "made"))
+    assert made.returncode == 0, made.stderr
+    done = run_script_warm("check_recipe.py", env={"PROJECT_RECIPE": "colour_by_script",
+                                                   "PYTHONPATH": str(tmp_path / "made")})
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
-    assert lines[-1] == "all 10 checks passed, 1 with a warning"
+    assert lines[-1] == "all 11 checks passed, 1 with a warning"
     assert lines[-2].startswith("warn  learns: a 4-epoch run ends at test/acc 0.")

@@ -8,6 +8,7 @@ declaration. The recipe checks (``recipe_checks.py``) use the same measurements.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -51,6 +52,7 @@ class DataCard:
     # In-memory recipes: the training inputs as the datamodule holds them (normalised, if it normalises as declared):
     # their mean, std and (lowest, highest) value. None where the recipe reads pixels per sample.
     held: tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]] | None = None
+    validation_in_test: int = 0  # validation inputs that also occur in the test split
 
     def line(self) -> str:
         sizes = " / ".join(f"{count:,} {name}" for name, count in self.sizes.items())
@@ -79,12 +81,17 @@ class DataCard:
     def statistics_problem(self) -> str | None:
         """What is wrong with the declared statistics, told apart by cause: constant inputs, inputs left
         unnormalised, normalised twice, normalised with other numbers, or simply declared wrong."""
-        far_mean = any(abs(m - d) > MEAN_TOLERANCE for m, d in zip(self.mean, self.declared_mean, strict=False))
+        channels = len(self.mean)  # one declared value stands for every channel: each is compared with it
+        far_mean = any(abs(m - d) > MEAN_TOLERANCE for m, d in zip(self.mean, _per_channel(self.declared_mean,
+                                                                                          channels), strict=False))
         far_std = any(not (1 / STD_RATIO <= d / max(s, 1e-8) <= STD_RATIO)
-                      for s, d in zip(self.std, self.declared_std, strict=False))
+                      for s, d in zip(self.std, _per_channel(self.declared_std, channels), strict=False))
         declared = f"{self.recipe} declares mean {fmt_values(self.declared_mean)} std {fmt_values(self.declared_std)}"
         measured_mean, measured_std = fmt_values(self.mean), fmt_values(self.std)
         low, high = self.pixel_range
+        if not all(math.isfinite(value) for value in (*self.mean, *self.std, low, high)):
+            return (f"{self.recipe}'s training inputs hold NaN or infinite pixels (mean {measured_mean}): a failed "
+                    "read or a division by zero in the data; fix the data, no statistics can be declared for them")
         if any(s < CONSTANT_STD for s in self.std):
             return (f"{self.recipe}'s training inputs are constant (pixel std {measured_std}, mean {measured_mean}): "
                     "every input holds the same values (all-zero images, or a failed read); fix the data before "
@@ -145,10 +152,16 @@ class DataCard:
     def leakage_problem(self) -> str | None:
         share = self.duplicates / max(1, self.sizes["test"] if not self.sampled else min(self.sampled,
                                                                                          self.sizes["test"]))
-        if share <= LEAKAGE_SHARE:
+        if share > LEAKAGE_SHARE:
+            return (f"{self.duplicates:,} test inputs ({share:.0%}) also occur in the training split: the test "
+                    "accuracy measures memory, not generalisation; remove them from one of the splits")
+        val_share = self.validation_in_test / max(1, self.sizes.get("val", 0) if not self.sampled else
+                                                  min(self.sampled, self.sizes.get("val", 0)))
+        if val_share <= LEAKAGE_SHARE:
             return None
-        return (f"{self.duplicates:,} test inputs ({share:.0%}) also occur in the training split: the test accuracy "
-                "measures memory, not generalisation; remove them from one of the splits")
+        return (f"{self.validation_in_test:,} validation inputs ({val_share:.0%}) also occur in the test split: the "
+                "best checkpoint is chosen on the test set, and test/acc overstates what the model does on unseen "
+                "data; hold the validation split out of the training data")
 
 
 class Samples(Protocol):
@@ -187,7 +200,7 @@ def gather(split: Dataset | None, limit: int | None = SAMPLED) -> Split:
         sorted({int(i * size / limit) for i in range(limit)})
     items = [samples[i] for i in picked]
     inputs = torch.stack([torch.as_tensor(x) for x, _ in items])
-    return Split(inputs, torch.as_tensor([int(y) for _, y in items]), False, len(picked) < size)
+    return Split(inputs, torch.stack([torch.as_tensor(y) for _, y in items]), False, len(picked) < size)
 
 
 Statistics = tuple[tuple[float, ...], tuple[float, ...], tuple[float, float]]  # per-channel mean, std; lowest, highest
@@ -235,9 +248,31 @@ def shared_inputs(train: torch.Tensor, test: torch.Tensor) -> int:
     return sum(any(torch.equal(test[i], train[j]) for j in by_print[float(test_prints[i])]) for i in candidates)
 
 
+def _per_channel(values: tuple[float, ...], channels: int) -> tuple[float, ...]:
+    return values * channels if len(values) == 1 else values
+
+
+def shape_problem(declared: tuple[int, ...], train: tuple[int, ...], test: tuple[int, ...]) -> str | None:
+    """Inputs of another shape than ``input_shape``, saying which side is the odd one."""
+    if train == test != declared:
+        return (f"both splits yield inputs of shape {train}, but input_shape is {declared}: set input_shape = "
+                f"{train}, or read the images at {declared}")
+    if train != declared and test != declared:
+        return (f"the train split yields inputs of shape {train}, the test split {test}, and input_shape is "
+                f"{declared}: read both splits at one size, and declare it")
+    for name, shape, other in (("train", train, "test"), ("test", test, "train")):
+        if shape != declared:
+            return (f"the {name} split yields inputs of shape {shape} where the {other} split and input_shape "
+                    f"have {declared}: read the {name} split as the {other} split is read")
+    return None
+
+
 def data_card(datamodule: TensorDataModule) -> DataCard:
     """The card of a datamodule whose ``fit`` and ``test`` splits are set up."""
     train, test = gather(datamodule.train_set), gather(datamodule.test_set)
+    problem = shape_problem(tuple(datamodule.input_shape), tuple(train.inputs.shape[1:]), tuple(test.inputs.shape[1:]))
+    if problem is not None:
+        raise UsageError(f"{type(datamodule).__name__}: {problem}")
     (mean, std, pixel_range), held = pixel_statistics(datamodule, train)
     counts = torch.bincount(train.targets.long().clamp(0, datamodule.num_classes),
                             minlength=datamodule.num_classes)[:datamodule.num_classes]
@@ -248,7 +283,9 @@ def data_card(datamodule: TensorDataModule) -> DataCard:
         input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes,
         class_counts=counts.tolist(), mean=mean, std=std, pixel_range=pixel_range, declared_mean=tuple(datamodule.mean),
         declared_std=tuple(datamodule.std), duplicates=shared_inputs(train.inputs, test.inputs),
-        sampled=SAMPLED if train.sampled or test.sampled else None, held=held)
+        sampled=SAMPLED if train.sampled or test.sampled else None, held=held,
+        validation_in_test=shared_inputs(gather(datamodule.val_set).inputs, test.inputs)
+        if datamodule.val_set is not None and len(unaugmented(datamodule.val_set)) else 0)
 
 
 def announce(card: DataCard) -> None:

@@ -18,7 +18,7 @@ import torch
 from project.config.schema import RunConfig
 from project.contract import Recipe, RecipeError
 from project.errors import DataError, UserError, first_line
-from project.training.data_card import data_card, fmt_values, gather, unaugmented
+from project.training.data_card import data_card, fmt_values, gather, shape_problem, unaugmented
 from project.training.tensor_data import TensorDataModule, TensorPairs
 
 
@@ -79,7 +79,7 @@ def check_recipe(config: RunConfig, recipe: Recipe, learn: bool = True) -> list[
     except DataError as err:
         return [Finding("data", problem=f"the datamodule cannot load its data: {err}")]
     subject = Subject(datamodule, lambda: build_model(config, recipe), config, recipe)
-    checks: list[Callable[[Subject], Finding]] = [check_options, check_inputs, check_augment, check_labels,
+    checks: list[Callable[[Subject], Finding]] = [check_options, check_inputs, check_augment, check_reads, check_labels,
                                                   check_outputs, check_statistics, check_leakage,
                                                   check_eval_determinism]
     if learn:
@@ -111,17 +111,15 @@ def _samples(datamodule: TensorDataModule, count: int = 16) -> tuple[torch.Tenso
 def check_inputs(subject: Subject) -> Finding:
     datamodule = subject.datamodule
     shape = tuple(datamodule.input_shape)
-    for name in ("train_set", "test_set"):
-        inputs = gather(getattr(datamodule, name), 16).inputs
-        if tuple(inputs.shape[1:]) != shape:
-            return Finding("inputs", problem=(
-                f"the {name.split('_')[0]} split yields inputs of shape "
-                f"{tuple(inputs.shape[1:])}, but input_shape is {shape}: make them agree"
-            ))
+    splits = {name: gather(getattr(datamodule, f"{name}_set"), 16).inputs for name in ("train", "test")}
+    problem = shape_problem(shape, tuple(splits["train"].shape[1:]), tuple(splits["test"].shape[1:]))
+    if problem is not None:
+        return Finding("inputs", problem=problem)
+    for name, inputs in splits.items():
         if not inputs.is_floating_point():
             return Finding("inputs", problem=(
-                f"the {name.split('_')[0]} split yields {inputs.dtype} inputs: give "
-                "floating-point pixels in [0, 1] (divide 8-bit images by 255)"
+                f"the {name} split yields {inputs.dtype} inputs: give floating-point pixels in [0, 1] (divide "
+                "8-bit images by 255)"
             ))
     return Finding("inputs", f"{'x'.join(map(str, shape))} floating-point inputs in both splits")
 
@@ -152,6 +150,36 @@ def check_augment(subject: Subject) -> Finding:
     return Finding("augment", "keeps shape and dtype; draws only from its generator")
 
 
+def check_reads(subject: Subject, count: int = 64) -> Finding:
+    """A sample read twice is the same sample: randomness in reading (a label drawn anew, a random transform) makes
+    every epoch, every resume and every evaluation see other data. Held in memory, a split is read once."""
+    datamodule = subject.datamodule
+    read = 0
+    for name in ("train", "test"):
+        split = unaugmented(getattr(datamodule, f"{name}_set"))
+        if isinstance(split, TensorPairs):
+            continue
+        for index in range(min(count, len(split))):
+            (pixels, label), (again, label_again) = split[index], split[index]
+            read += 1
+            if not torch.equal(torch.as_tensor(label), torch.as_tensor(label_again)):
+                return Finding("reads", problem=(
+                    f"the {name} split gives sample {index} the label {torch.as_tensor(label).tolist()}, then "
+                    f"{torch.as_tensor(label_again).tolist()}: labels drawn at random as a sample is read; label "
+                    "noise, if wanted, is drawn once, with the data"
+                ))
+            if not torch.equal(torch.as_tensor(pixels), torch.as_tensor(again)):
+                fix = ("move them to augment, which draws from the generator it is given (a resume then sees the "
+                       "same samples)") if name == "train" else "the test split is read the same way each time"
+                return Finding("reads", problem=(
+                    f"the {name} split gives other pixels for sample {index} each time it is read: random "
+                    f"transforms in its reading; {fix}"
+                ))
+    if not read:
+        return Finding("reads", "both splits held in memory, read once")
+    return Finding("reads", f"{read} samples read twice, each the same both times")
+
+
 def check_options(subject: Subject) -> Finding:
     """Each of the recipe's options checks its own default, as a value and as the flag's text: a check that fails
     there fails every ``train.py --OPTION`` too."""
@@ -176,6 +204,11 @@ def check_labels(subject: Subject) -> Finding:
     datamodule, classes = subject.datamodule, subject.datamodule.num_classes
     for name in ("train_set", "test_set"):
         targets = gather(getattr(datamodule, name), None).targets
+        if targets.dim() != 1:
+            return Finding("labels", problem=(
+                f"the {name.split('_')[0]} split's labels have shape {tuple(targets.shape)}: give one class index "
+                f"per sample (one-hot labels? labels.argmax(1) are their indices)"
+            ))
         outside = targets[(targets < 0) | (targets >= classes)]
         if len(outside):
             return Finding("labels", problem=(
@@ -189,6 +222,13 @@ def check_labels(subject: Subject) -> Finding:
             ))
     targets = gather(datamodule.train_set, None).targets
     absent = sorted(set(range(classes)) - set(targets.tolist()))
+    held_for_validation = sorted(set(absent) & set(gather(datamodule.val_set, None).targets.tolist()))
+    if held_for_validation:
+        return Finding("labels", problem=(
+            f"class(es) {', '.join(map(str, held_for_validation[:5]))} occur in the validation split but never in "
+            f"the training split of {len(targets):,} samples: the validation share took all of its samples; give the "
+            "class more samples, or hold out fewer (--val-size)"
+        ))
     if absent:
         return Finding("labels", problem=(
             f"class(es) {', '.join(map(str, absent[:5]))} never occur in the training split "
@@ -201,8 +241,18 @@ def check_labels(subject: Subject) -> Finding:
 def check_outputs(subject: Subject) -> Finding:
     model = subject.new_model().eval()
     inputs, _ = _samples(subject.datamodule, 8)
-    with torch.no_grad():
-        out = model(inputs)
+    try:
+        with torch.no_grad():
+            out = model(inputs)
+    except RuntimeError as err:
+        batch, _ = _samples(subject.datamodule, subject.config.batch_size)
+        if len(batch) == len(inputs) or not _runs(model, batch):
+            raise
+        return Finding("outputs", problem=(
+            f"the network runs on a batch of {len(batch)} (the batch size) but not of {len(inputs)} "
+            f"({first_line(err)}): its forward assumes the batch size; take it from the input "
+            f"(x.flatten(1) or x.reshape(x.shape[0], -1), not x.reshape({len(batch)}, -1))"
+        ))
     classes = subject.datamodule.num_classes
     if tuple(out.shape) != (len(inputs), classes):
         return Finding("outputs", problem=(
@@ -221,6 +271,15 @@ def check_outputs(subject: Subject) -> Finding:
             "log-probabilities (nll_loss); drop the softmax, or end with log_softmax"
         ))
     return Finding("outputs", f"{classes} outputs per input")
+
+
+def _runs(model: Any, inputs: torch.Tensor) -> bool:
+    try:
+        with torch.no_grad():
+            model(inputs)
+    except RuntimeError:
+        return False
+    return True
 
 
 def probabilities(outputs: torch.Tensor) -> bool:
