@@ -757,6 +757,11 @@ MUTANTS = (
            '            if not torch.equal(torch.as_tensor(pixels), torch.as_tensor(again)):',
            '            if False:',
            ("tests/test_recipe_forms.py::test_a_split_read_otherwise_at_each_read_is_named[test-random-transforms]",)),
+    Mutant('resume-last-resolved-twice', "--resume last says each damaged run it passes over once",
+           'project/reliability/resume.py',
+           '    named = {"resume": str(path)} if config.resume in ("best", "last") else {}',
+           '    named = {}',
+           ("tests/test_damaged_records.py::test_resume_last_passes_over_them_and_one_named_is_refused_in_one_line",)),
 )
 
 

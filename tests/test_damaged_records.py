@@ -155,6 +155,8 @@ def test_resume_last_passes_over_them_and_one_named_is_refused_in_one_line(damag
     last = run_script("train.py", "--resume", "last", *common)
     assert last.returncode == 0 and "Traceback" not in last.stderr, last.stderr
     assert f"{damaged_runs['parent'] / 'version_0'} is finished" in last.stderr  # the intact run was the one chosen
+    passed = [line for line in last.stderr.splitlines() if ": passing over " in line]
+    assert len(passed) == len(set(passed)) == len(CASES), passed  # each damaged run said once
 
     named = damaged_runs["parent"] / "version_1" / "checkpoints" / "last.ckpt"
     refused = run_script("train.py", "--resume", str(named), *common)

@@ -109,7 +109,8 @@ def _trained_with(checkpoint: dict[str, Any], config: RunConfig) -> dict[str, An
 
 def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe) -> RunConfig:
     """A resume continues its run: each setting that defines the training and that the command (flags, config file)
-    leaves unset is the run's own, so ``--resume last`` alone continues it; one given differently is refused later."""
+    leaves unset is the run's own, so ``--resume last`` alone continues it; one given differently is refused later.
+    ``last`` and ``best`` come back as the path they name."""
     path = _checkpoint_named(config)
     if path is None:
         return config
@@ -121,7 +122,9 @@ def adopt_run_settings(config: RunConfig, given: Collection[str], recipe: Recipe
     saved_trainer = saved.get("trainer") or {}
     trainer = {**{key: saved_trainer[key] for key in TRAINED_TRAINER_ARGS
                   if key in saved_trainer and f"trainer.{key}" not in given}, **config.trainer}
-    adopted = config.replace(**changes, trainer=trainer)
+    # ``last``/``best`` resolved here, once: the run resumes this very file, and says what it passed over once
+    named = {"resume": str(path)} if config.resume in ("best", "last") else {}
+    adopted = config.replace(**changes, **named, trainer=trainer)
     differing = [f"--{key.replace('_', '-')} {_shown(value)}" for key, value in changes.items()
                  if value != config.value(key) and not (key == "precision" and full_precision(value) ==
                                                            full_precision(config.precision))]
