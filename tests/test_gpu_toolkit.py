@@ -81,9 +81,7 @@ def test_a_scaled_lr_is_recorded_as_trained_so_its_config_and_its_resume_do_not_
 @pytest.mark.parametrize("asked, world_size, scales", [("auto", 1, False), ("auto", 2, True), (False, 2, False),
                                                       (True, 1, True), (True, 2, True)])
 def test_the_lr_follows_the_global_batch_of_several_processes_unless_told_not_to(asked, world_size, scales):
-    from project.training.tuning import scales_lr
-
-    assert scales_lr(RunConfig(scale_lr=asked), world_size) is scales
+    assert RunConfig(scale_lr=asked).scales_lr(world_size) is scales
 
 
 @pytest.mark.slow

@@ -228,6 +228,14 @@ class RunConfig:
     def wants_tuner(self) -> bool:
         return self.find_batch_size or self.find_lr
 
+    def scales_lr(self, world_size: int) -> bool:
+        """The linear scaling rule applies: asked for, or ``auto`` with several processes."""
+        return self.scale_lr is True or (self.scale_lr == "auto" and world_size > 1)
+
+    def tunes(self, world_size: int) -> bool:
+        """A tuner or the scaling rule sets the batch size or LR before the run (``project.training.tuning``)."""
+        return self.wants_tuner or self.scales_lr(world_size)
+
 
 ENGINE_SETTINGS = {f.name: Setting(f.default if f.default_factory is dataclasses.MISSING else f.default_factory(),
                                    **f.metadata) for f in dataclasses.fields(RunConfig) if "check" in f.metadata}

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -32,7 +33,6 @@ from project.reliability.cluster import DdpJobEnd
 from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
 from project.reliability.run_folder import RunFolder, last_checkpoint
 from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
-from project.results.export import check_exportable, save_program
 from project.training.build import (
     OneFileTensorBoardLogger,
     build_datamodule,
@@ -45,7 +45,9 @@ from project.training.classifier import ClassifierModule
 from project.training.data_card import DataCard, announce, checked_data_card, log_card
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule, planned_steps, tensor_datamodule
-from project.training.tuning import LrScaling, tune
+
+if TYPE_CHECKING:  # the tuners and the export load only for a run that uses them
+    from project.training.tuning import LrScaling
 
 
 @dataclass
@@ -212,6 +214,8 @@ def plan_run(asked: RunConfig, recipe: Recipe, given: TensorDataModule | None, t
     if resume is not None:
         check_fits(model, resume)
     if config.export_pt2:
+        from project.results.export import check_exportable
+
         check_exportable(model, datamodule.input_shape)
     announce(card)
     return Plan(config, datamodule, model, resume, stepper, card)
@@ -228,7 +232,11 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
                                 steps_per_epoch=datamodule.steps_per_epoch() if plan.stepper.plan.grouped else None,
                                 version=version)
         try:
-            tuning = tune(trainer, model, datamodule, config, base_batch=settings_of(recipe)["batch_size"].default)
+            tuning = None
+            if config.tunes(trainer.world_size):
+                from project.training.tuning import tune
+
+                tuning = tune(trainer, model, datamodule, config, base_batch=settings_of(recipe)["batch_size"].default)
             trained = tuning.trained(config) if tuning is not None else config
             record.config = trained
             RunFolder.log_settings(trainer, trained)
@@ -350,6 +358,8 @@ def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult
     result.run_dir = RunFolder.of(trainer).path
     result.weights, result.weights_kind = model.export_weights(config.export or result.run_dir / "model.pth")
     if config.export_pt2:
+        from project.results.export import save_program
+
         network, result.program_input = model.portable_network()
         result.program = save_program(network, tensor_datamodule(trainer).input_shape, config.export_pt2)
     settings = {key: value for key, value in config.to_mapping().items() if key != "trainer"}

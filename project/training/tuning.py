@@ -74,10 +74,6 @@ def checked_scaled_lr(scaling: LrScaling) -> float:
                          f"{scaling.lr:g}: {err}; give a smaller --lr, or --no-scale-lr") from None
 
 
-def scales_lr(config: RunConfig, world_size: int) -> bool:
-    return config.scale_lr is True or (config.scale_lr == "auto" and world_size > 1)
-
-
 @dataclass(frozen=True)
 class Tuning:
     """What the tuners and the scaling rule set: the batch size and LR the run trains with."""
@@ -98,7 +94,7 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
     """Apply --find-batch-size, --find-lr and --scale-lr (from ``base_batch``, the batch the default LR is for), in
     that order, to the model and datamodule; what they set (None: nothing to tune)."""
     check_tuning(config, trainer.world_size)
-    if not config.wants_tuner and not scales_lr(config, trainer.world_size):
+    if not config.tunes(trainer.world_size):
         return None
     from lightning.pytorch.tuner import Tuner
 
@@ -109,7 +105,7 @@ def tune(trainer: L.Trainer, model: ClassifierModule, datamodule: TensorDataModu
         if config.find_lr:
             find_lr(tuner, model, datamodule, trainer)
     scaling = None
-    if not config.find_lr and scales_lr(config, trainer.world_size):
+    if not config.find_lr and config.scales_lr(trainer.world_size):
         scaling = LrScaling(config.lr, global_batch(trainer, datamodule.batch_size), base_batch,
                             auto=config.scale_lr == "auto")
         checked_scaled_lr(scaling)
