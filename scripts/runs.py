@@ -23,9 +23,9 @@ from project.errors import one_field, run_cli, say  # noqa: E402
 
 
 def main(recipe: Recipe, args: argparse.Namespace) -> int:
-    from project.reliability.run_folder import RunFolder
+    from project.reliability.run_folder import runs
 
-    found = RunFolder.listed(args.logdir, args.name)
+    found = runs(args.logdir, args.name)
     if not found:
         say(f"no runs under {Path(args.logdir, args.name)}")
         return 0

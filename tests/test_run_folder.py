@@ -13,6 +13,7 @@ import pytest
 from project.errors import UsageError
 from project.reliability import run_folder
 from project.reliability.run_folder import RunFolder, RunInfo
+from project.training.build import log_hparams_with_results, log_settings
 
 
 def run(parent: Path, name: str, record: dict | None = None, results: dict | None = None, last: bool = False,
@@ -49,12 +50,12 @@ def test_the_runs_listed_are_the_folders_a_run_wrote_newest_started_first(tmp_pa
     (parent / "notes").mkdir()  # a folder of the user's: not a run
     (parent / "notes" / "todo.txt").write_text("x")
     (parent / "stray.txt").write_text("not a folder")
-    listed = RunFolder.listed(tmp_path, "tiny")
+    listed = run_folder.runs(tmp_path, "tiny")
     assert {info.folder.name for info in listed} == {"version_0", "version_1", "only_config", "only_results",
                                                       "only_checkpoints"}
     names = [info.folder.name for info in listed]
     assert names.index("version_0") < names.index("version_1")
-    assert RunFolder.listed(tmp_path, "none") == [] and RunFolder.listed(tmp_path / "missing", "tiny") == []
+    assert run_folder.runs(tmp_path, "none") == [] and run_folder.runs(tmp_path / "missing", "tiny") == []
 
 
 def test_a_runs_state_as_listed(tmp_path):
@@ -152,15 +153,14 @@ def test_a_recorded_best_deleted_by_hand_is_never_returned_as_the_best(tmp_path)
     (newer / "checkpoints" / "best-acc0.95.ckpt").unlink()  # the user made room on the disk
     assert run_folder.best_checkpoint(newer) is None and RunFolder(newer).best_checkpoint is None
     assert run_folder.run_info(newer).best is None
-    for choose in (run_folder.checkpoint_of, RunFolder.checkpoint):  # --ckpt best; evaluate.py and predict.py
-        path, chosen = choose("best", tmp_path, "tiny", "--ckpt")
-        assert path == older / "checkpoints" / "best-acc0.80.ckpt" and path.is_file() and chosen.folder == older
+    path, chosen = run_folder.checkpoint_of("best", tmp_path, "tiny", "--ckpt")  # --ckpt best; evaluate, predict
+    assert path == older / "checkpoints" / "best-acc0.80.ckpt" and path.is_file() and chosen.folder == older
     (newer / "checkpoints" / "best-acc0.90.ckpt").write_bytes(b"w")  # another of its best checkpoints is left
     assert run_folder.best_checkpoint(newer) == newer / "checkpoints" / "best-acc0.90.ckpt"
     (older / "checkpoints" / "best-acc0.80.ckpt").unlink()
     (newer / "checkpoints" / "best-acc0.90.ckpt").unlink()
     with pytest.raises(UsageError, match="--ckpt best: no run with a best checkpoint under"):
-        RunFolder.checkpoint("best", tmp_path, "tiny", "--ckpt")
+        run_folder.checkpoint_of("best", tmp_path, "tiny", "--ckpt")
 
 
 def test_a_run_without_a_recorded_best_is_scored_by_its_file_names(tmp_path):
@@ -358,8 +358,8 @@ def test_the_text_and_hparams_tabs_hold_the_command_and_settings_masked(tmp_path
                         enable_progress_bar=False, enable_model_summary=False)
     assert run_folder.run_dir(trainer) == tmp_path / "tiny" / "v" and run_folder.tensorboard_of(trainer) is not None
     monkeypatch.setattr("sys.argv", ["train.py", "--storage", "postgresql://me:hunter2@db/x", "--lr", "0.1"])
-    RunFolder.log_settings(trainer, config)
-    RunFolder.log_hparams_with_results(trainer, {"lr": 0.1, "storage": "postgresql://me:hunter2@db/x"},
+    log_settings(trainer, config)
+    log_hparams_with_results(trainer, {"lr": 0.1, "storage": "postgresql://me:hunter2@db/x"},
                                        ("test/acc",))
     for logger in trainer.loggers:
         logger.finalize("success")
@@ -383,7 +383,7 @@ def test_a_trainer_without_the_template_loggers_writes_into_its_root(tmp_path):
     trainer = L.Trainer(logger=False, default_root_dir=str(tmp_path), accelerator="cpu", enable_progress_bar=False,
                         enable_model_summary=False)
     assert run_folder.run_dir(trainer) == tmp_path and run_folder.tensorboard_of(trainer) is None
-    RunFolder.log_settings(trainer, None)  # no TensorBoard: nothing to write, nothing read
+    log_settings(trainer, None)  # no TensorBoard: nothing to write, nothing read
 
 
 def test_config_yaml_names_its_recipe_first_then_each_setting_in_order_masked(tmp_path):
@@ -431,8 +431,8 @@ def test_the_tensorboard_logger_alone_keeps_the_settings_in_hparams_yaml(tmp_pat
     config = RunConfig(logdir=str(tmp_path), name="tiny", logger="tensorboard")
     trainer = L.Trainer(logger=build_loggers(config, "v"), accelerator="cpu", enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
-    RunFolder.log_settings(trainer, config)
-    RunFolder.log_hparams_with_results(trainer, {"lr": 0.1}, ("test/acc",))
+    log_settings(trainer, config)
+    log_hparams_with_results(trainer, {"lr": 0.1}, ("test/acc",))
     trainer.loggers[0].finalize("success")
     assert yaml.safe_load((tmp_path / "tiny" / "v" / "hparams.yaml").read_text()) == {"lr": 0.1}
     events = EventAccumulator(str(tmp_path / "tiny" / "v"), size_guidance={"tensors": 0})

@@ -15,7 +15,7 @@ from helpers import make_tiny_data, tiny_config, train
 from project.config.schema import RunConfig
 from project.errors import NonFiniteLossError, Terminated, UsageError
 from project.reliability import run_folder
-from project.reliability.run_folder import RunFolder
+from project.reliability.run_folder import RunFolder, runs
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_a_resume_keeps_when_its_run_started_so_the_newest_run_stays_the_newest(
         (folder / "run.json").write_text(json.dumps({"state": "stopped", "started": started}))
     run_folder.start_record(older, {}, resumed=True)  # the older run resumed: it is still the older one
     assert record(older)["started"] == 1000.0 and record(older)["state"] == "running"
-    assert [run.folder.name for run in RunFolder.listed(str(tmp_path), "tiny")] == ["version_1", "version_0"]
+    assert [run.folder.name for run in runs(str(tmp_path), "tiny")] == ["version_1", "version_0"]
     run_folder.start_record(newer, {}, resumed=False)  # a new run in a folder starts its own clock
     assert record(newer)["started"] > 2000.0
 
@@ -68,7 +68,7 @@ def test_a_run_that_crashes_before_its_first_checkpoint_keeps_its_folder_record_
     run = tmp_path / "logs" / "tiny" / "version_0"
     assert record(run)["state"] == "failed" and record(run)["error"] == "boom at the first step"
     assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
-    assert [r.describe() for r in RunFolder.listed(str(tmp_path / "logs"), "tiny")][0].startswith("failed")
+    assert [r.describe() for r in runs(str(tmp_path / "logs"), "tiny")][0].startswith("failed")
 
 
 def test_each_checkpoint_records_its_run_and_run_json_its_step_and_best(data, tmp_path):

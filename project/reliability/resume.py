@@ -96,7 +96,7 @@ def _checkpoint_named(config: RunConfig) -> Path | None:
                              "add --run-version NAME")
         path = run_folder.last_checkpoint(Path(config.logdir) / config.name / config.run_version)
         return path if path.is_file() else None
-    return Path(RunFolder.checkpoint(config.resume, config.logdir, config.name, "--resume")[0])
+    return Path(run_folder.checkpoint_of(config.resume, config.logdir, config.name, "--resume")[0])
 
 
 def _trained_with(checkpoint: dict[str, Any], config: RunConfig) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def initial_weights(config: RunConfig, recipe: Recipe) -> dict[str, Any] | None:
     """``--init-from``: the model weights of a checkpoint, for a new run with its own settings."""
     if not config.init_from:
         return None
-    path, _ = RunFolder.checkpoint(config.init_from, config.logdir, config.name, "--init-from")
+    path, _ = run_folder.checkpoint_of(config.init_from, config.logdir, config.name, "--init-from")
     checkpoint = read_checkpoint(path)
     check_trained_by(checkpoint, path, recipe)
     return checkpoint["state_dict"]

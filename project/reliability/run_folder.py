@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import shlex
 import socket
 import sys
 import time
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from project.config.schema import RunConfig
 from project.config.validators import changes_the_default
-from project.errors import UsageError, first_line, not_a_regular_file, one_field, redact, redact_values
+from project.errors import UsageError, first_line, not_a_regular_file, one_field, redact_values
 
 if TYPE_CHECKING:  # runs.py lists run folders without importing torch or Lightning
     import lightning as L
@@ -686,36 +685,6 @@ class RunFolder:
             return {}
         return saved if isinstance(saved, dict) else {}
 
-    @staticmethod
-    def log_settings(trainer: L.Trainer, config: RunConfig) -> None:
-        """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
-        tensorboard = tensorboard_of(trainer)
-        if tensorboard is None:
-            return
-        command = " ".join(shlex.quote(redact(part)) for part in [Path(sys.executable).name, *sys.argv])
-        settings = {**config.to_mapping(), "world_size": trainer.world_size}
-        rows = "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
-        table = "| setting | value |\n|---|---|\n" + rows
-        tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
-        tensorboard.experiment.add_text("run/config", table, 0)
-
-    @staticmethod
-    def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
-        """Fill TensorBoard's HPARAMS tab with every setting of the run and its real best and test accuracy (the
-        other loggers get the settings; the metrics are in their rows already)."""
-        from lightning.pytorch.core.saving import save_hparams_to_yaml
-
-        hparams = redact_values(hparams)
-        for logger in trainer.loggers:
-            if hasattr(logger, "log_results"):
-                logger.log_results(hparams, metrics)
-            else:
-                logger.log_hyperparams(hparams)
-            logger.save()
-        # The loggers wrote hparams.yaml when the run started, before these were known.
-        if trainer.loggers:
-            save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)
-
     def write_results(self, results: dict[str, Any]) -> Path:
         """The run's numbers for machines: full precision, unlike the printed summary."""
         values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}
@@ -752,17 +721,6 @@ class RunFolder:
     def last_checkpoint(self) -> Path | None:
         path = last_checkpoint(self.path)
         return path if path.is_file() else None
-
-    @staticmethod
-    def listed(logdir: str | os.PathLike, name: str) -> list[RunInfo]:
-        """Every run under ``logdir/name``, newest first (by when it started, whatever its folder is called)."""
-        return runs(logdir, name)
-
-    @staticmethod
-    def checkpoint(spec: str, logdir: str | os.PathLike, name: str, flag: str) -> tuple[Path, RunInfo | None]:
-        """``best`` / ``last``: that checkpoint of the newest run that has one (damaged and smoke runs passed over,
-        and said); anything else is a path."""
-        return checkpoint_of(spec, logdir, name, flag)
 
 
 def is_rank_zero() -> bool:

@@ -18,7 +18,7 @@ from project.contract import Recipe, class_labels
 from project.errors import CheckpointError, ImageError, UsageError, first_line, terminal_safe
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
 from project.reliability.resume import full_precision
-from project.reliability.run_folder import RunFolder
+from project.reliability.run_folder import RunFolder, checkpoint_of
 from project.results.image_files import files_in
 
 TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -63,7 +63,7 @@ def load_classifier(recipe: Recipe, ckpt: str | None = None, weights: str | None
         network = module_class.network_from_weights(read_weights(weights), str(weights))
         recorded = RunFolder(Path(weights).parent).saved_config.get("data_dir")  # model.pth in its run's folder
         return Classifier(network.eval(), source=str(weights), data_dir=recorded if isinstance(recorded, str) else None)
-    path, run = RunFolder.checkpoint(ckpt or "best", logdir, name or recipe.name, "--ckpt")
+    path, run = checkpoint_of(ckpt or "best", logdir, name or recipe.name, "--ckpt")
     state = read_checkpoint(path)
     check_trained_by(state, path, recipe)
     settings = checked_hyper_parameters(state, path, recipe)

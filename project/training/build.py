@@ -6,6 +6,7 @@ import contextlib
 import csv
 import importlib.util
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,11 +26,11 @@ from project import LOGGERS
 from project.config.schema import RunConfig
 from project.config.validators import names_from, registered, registries_problem
 from project.contract import Recipe
-from project.errors import UsageError, first_line
+from project.errors import UsageError, first_line, redact, redact_values
 from project.internals import file_writer, opened_experiment
 from project.reliability.checkpointing import AtomicCheckpointIO, BestCheckpoints, LastCheckpoint
 from project.reliability.cluster import cluster_plugins
-from project.reliability.run_folder import BEST_FILENAME
+from project.reliability.run_folder import BEST_FILENAME, run_dir, tensorboard_of
 from project.results.figures import ModelInTensorBoard, TensorBoardFigures
 from project.training.callbacks import (
     EpochLines,
@@ -170,6 +171,36 @@ class OneFileTensorBoardLogger(TensorBoardLogger):
     def close(self) -> None:
         if (writer := opened_experiment(self)) is not None:
             writer.close()
+
+
+def log_settings(trainer: L.Trainer, config: RunConfig) -> None:
+    """The exact command and the resolved settings, in TensorBoard's TEXT tab."""
+    tensorboard = tensorboard_of(trainer)
+    if tensorboard is None:
+        return
+    command = " ".join(shlex.quote(redact(part)) for part in [Path(sys.executable).name, *sys.argv])
+    settings = {**config.to_mapping(), "world_size": trainer.world_size}
+    rows = "\n".join(f"| {k} | `{redact(str(v))}` |" for k, v in settings.items())
+    table = "| setting | value |\n|---|---|\n" + rows
+    tensorboard.experiment.add_text("run/command", f"`{command}`", 0)
+    tensorboard.experiment.add_text("run/config", table, 0)
+
+
+def log_hparams_with_results(trainer: L.Trainer, hparams: dict[str, Any], metrics: tuple[str, ...]) -> None:
+    """Fill TensorBoard's HPARAMS tab with every setting of the run and its real best and test accuracy (the
+    other loggers get the settings; the metrics are in their rows already)."""
+    from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+    hparams = redact_values(hparams)
+    for logger in trainer.loggers:
+        if hasattr(logger, "log_results"):
+            logger.log_results(hparams, metrics)
+        else:
+            logger.log_hyperparams(hparams)
+        logger.save()
+    # The loggers wrote hparams.yaml when the run started, before these were known.
+    if trainer.loggers:
+        save_hparams_to_yaml(run_dir(trainer) / "hparams.yaml", hparams)
 
 
 class AppendingCSVLogger(CSVLogger):

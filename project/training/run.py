@@ -39,6 +39,8 @@ from project.training.build import (
     build_model,
     build_trainer,
     global_batch,
+    log_hparams_with_results,
+    log_settings,
 )
 from project.training.callbacks import EpochStats, find_callback, quiet_known_warnings
 from project.training.classifier import ClassifierModule
@@ -239,7 +241,7 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
                 tuning = tune(trainer, model, datamodule, config, base_batch=settings_of(recipe)["batch_size"].default)
             trained = tuning.trained(config) if tuning is not None else config
             record.config = trained
-            RunFolder.log_settings(trainer, trained)
+            log_settings(trainer, trained)
             log_card(trainer, plan.card)
             config_file = folder.save_config(trained, recipe.package) if folder is not None else None
             with reported_failures(folder.path if folder is not None else None):
@@ -366,7 +368,7 @@ def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult
     trainer_args = {f"trainer.{key}": value for key, value in config.trainer.items()}
     hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}
     metrics = ("val/acc_best", *(("test/acc",) if result.test_metrics else ()))
-    RunFolder.log_hparams_with_results(trainer, hparams, metrics)
+    log_hparams_with_results(trainer, hparams, metrics)
     RunFolder(result.run_dir).write_results(result.record())
 
 
