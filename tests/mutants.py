@@ -762,6 +762,11 @@ MUTANTS = (
            '    named = {"resume": str(path)} if config.resume in ("best", "last") else {}',
            '    named = {}',
            ("tests/test_damaged_records.py::test_resume_last_passes_over_them_and_one_named_is_refused_in_one_line",)),
+    Mutant('remote-logger-alone-accepted', "a remote logger alone, which keeps no run folder, is refused",
+           'project/training/build.py',
+           '    if not any(isinstance(logger, (TensorBoardLogger, CSVLogger)) for logger in loggers):',
+           '    if False:',
+           ("tests/test_experiments.py::test_loggers_that_keep_no_run_folder_alone_are_refused_in_one_line",)),
 )
 
 

@@ -46,3 +46,28 @@ def test_a_logger_whose_package_is_missing_gets_a_clear_message(logger):
     assert str(err.value) == f"--logger {logger} needs the {logger} package: pip install -e '.[{logger}]'"
     with pytest.raises(UsageError, match="choose from tensorboard, csv, wandb, mlflow"):
         build_loggers(RunConfig(logger="tensorboard,papyrus"), None)
+
+
+def test_loggers_that_keep_no_run_folder_alone_are_refused_in_one_line(monkeypatch):
+    """A remote logger alone (W&B, MLflow) would put the checkpoints in its own folder, not the run's: refused, with
+    the flag that works."""
+    from lightning.pytorch.loggers import Logger
+
+    from project.training import build
+
+    class Remote(Logger):
+        name, version = "remote", "0"
+
+        def log_metrics(self, metrics, step=None):
+            pass
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    monkeypatch.setitem(build.LOGGER_BUILDERS, "remote", lambda config, version: Remote())
+    with pytest.raises(UsageError, match=r"^--logger remote: the run's folder \(its checkpoints, model.pth, "
+                                         r"results.json\) is where a TensorBoard or CSV logger writes, and none is "
+                                         r"named; add one: --logger tensorboard,remote$"):
+        build.build_loggers(RunConfig(logger="remote"), None)
+    assert [type(logger).__name__ for logger in build.build_loggers(RunConfig(logger="csv,remote"), None)] == [
+        "AppendingCSVLogger", "Remote"]

@@ -130,6 +130,10 @@ def build_loggers(config: RunConfig, version: str | None) -> list[Logger]:
         if joined is None and isinstance(logger, (TensorBoardLogger, CSVLogger)):
             joined = logger.version  # the next loggers join this run's folder
         loggers.append(logger)
+    if not any(isinstance(logger, (TensorBoardLogger, CSVLogger)) for logger in loggers):
+        raise UsageError(f"--logger {config.logger}: the run's folder (its checkpoints, model.pth, results.json) is "
+                         f"where a TensorBoard or CSV logger writes, and none is named; add one: --logger "
+                         f"tensorboard,{config.logger}")
     return loggers
 
 

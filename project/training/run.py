@@ -259,8 +259,8 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
                 steps=plan.stepper.taken(),
                 lr_scaling=tuning.scaling if tuning is not None else None,
             )
-            if trainer.is_global_zero and not config.fast_dev_run:
-                finish(trainer, model, result, signals, on_tested if test else None)
+            if folder is not None and trainer.is_global_zero:  # rank 0 of a run that writes files
+                finish(trainer, model, result, folder, signals, on_tested if test else None)
         finally:
             close_loggers(trainer)
     return result
@@ -290,16 +290,16 @@ def close_loggers(trainer: L.Trainer) -> None:
             logger.close()
 
 
-def finish(trainer: L.Trainer, model: ClassifierModule, result: RunResult, signals: StopSignals,
+def finish(trainer: L.Trainer, model: ClassifierModule, result: RunResult, folder: RunFolder, signals: StopSignals,
            on_tested: Callable[[dict[str, float]], None] | None) -> None:
     """Rank 0's last phase: the results first (nothing that fails after can lose them), then the outputs."""
-    result.run_dir = RunFolder.of(trainer).path
-    RunFolder(result.run_dir).write_results(result.record())
+    result.run_dir = folder.path
+    folder.write_results(result.record())
     if on_tested is not None:
         on_tested(result.test_metrics)
     signals.check("after the test (its metrics are above); model.pth is not written yet: continue with --resume last")
-    with reported_failures(result.run_dir, kept="the test metrics are above and in results.json"):
-        write_outputs(trainer, model, result)
+    with reported_failures(folder.path, kept="the test metrics are above and in results.json"):
+        write_outputs(trainer, model, result, folder)
     if signals.received is not None:
         print(f"train.py: {signals.name()} came while the outputs were written; they are complete and the run is "
               "finished", file=sys.stderr, flush=True)
@@ -354,11 +354,10 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
     return best_path, last_path, math.nan if score is None else float(score)
 
 
-def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult) -> None:
+def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult, folder: RunFolder) -> None:
     """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
-    result.run_dir = RunFolder.of(trainer).path
-    result.weights, result.weights_kind = model.export_weights(config.export or result.run_dir / "model.pth")
+    result.weights, result.weights_kind = model.export_weights(config.export or folder.path / "model.pth")
     if config.export_pt2:
         from project.results.export import save_program
 
@@ -369,7 +368,7 @@ def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult
     hparams = {**settings, **trainer_args, "global_batch": result.global_batch, "world_size": result.world_size}
     metrics = ("val/acc_best", *(("test/acc",) if result.test_metrics else ()))
     log_hparams_with_results(trainer, hparams, metrics)
-    RunFolder(result.run_dir).write_results(result.record())
+    folder.write_results(result.record())
 
 
 @contextmanager
