@@ -278,3 +278,10 @@ def test_fits_takes_only_what_the_hint_allows(value, hint, fits):
 ])
 def test_a_hint_is_described_in_plain_words(hint, words):
     assert v.describe(hint) == words
+
+
+@pytest.mark.parametrize(("value", "typed"), [([8, 16], "8,16"), ((32,), "32"), (0.1, "0.1"), ("adamw", "adamw"),
+                                              (True, "True")])
+def test_a_value_is_shown_as_it_is_typed_after_its_flag(value, typed):
+    """One rule for --help's defaults, a resume's adopted settings, the summary's options and the recipe checks."""
+    assert v.flag_value(value) == typed

@@ -21,6 +21,7 @@ from project.config.validators import (
     count_or_auto,
     flag,
     flag_or_auto,
+    flag_value,
     folder_name,
     image_file,
     non_negative_int,
@@ -86,7 +87,7 @@ def build_parser(recipe: Recipe) -> OneLineParser:
     for name, spec in settings_of(recipe).items():
         default = spec.default
         whose = ", the recipe's" if name in recipe.defaults else ""
-        shown = "" if default is None or default is False else f" (default: {_shown(default)}{whose})"
+        shown = "" if default is None or default is False else f" (default: {flag_value(default)}{whose})"
         options: dict[str, Any] = {"help": (spec.help + shown).strip() or None}
         if _is_on_off(spec.check):
             options["action"] = argparse.BooleanOptionalAction
@@ -111,10 +112,6 @@ def config_path(given: str, recipe: Recipe) -> str:
         raise UsageError(f"--config {given}: no such file, and not one of the recipe's presets "
                          f"({', '.join(presets) or 'it has none'})")
     return given
-
-
-def _shown(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def split_trainer_args(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:

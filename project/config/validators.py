@@ -124,6 +124,11 @@ def flag_or_auto(value: Any) -> bool | str:
     return flag(value)
 
 
+def flag_value(value: Any) -> str:
+    """A value as it is typed after its flag: a list comma-separated (``--channels 8,16``)."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def text(value: Any) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ValueError(f"must be a string, got {shown(value)}")

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
 from project.config.schema import TRAINER_ARGUMENTS, TRAINING_SETTINGS, RunConfig
-from project.config.validators import same_trainer_value, trainer_default
+from project.config.validators import flag_value, same_trainer_value, trainer_default
 from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import run_folder
@@ -166,9 +166,7 @@ def full_precision(precision: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return "(not set)" if value is None else str(value)
+    return "(not set)" if value is None else flag_value(value)
 
 
 def initial_weights(config: RunConfig, recipe: Recipe) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project import LOGGERS
 from project.config.schema import RunConfig
-from project.config.validators import names_from, registered, registries_problem
+from project.config.validators import flag_value, names_from, registered, registries_problem
 from project.contract import Recipe
 from project.errors import UsageError, first_line, redact, redact_values
 from project.internals import file_writer, opened_experiment
@@ -69,17 +69,13 @@ def build_model(config: RunConfig, recipe: Recipe, stepper: Stepper | None = Non
             raise
         asked = re.search(r"allocate (\d+) bytes", str(err))
         size = f"{int(asked.group(1)) / 2**30:,.1f} GiB for one tensor" if asked else first_line(err)
-        options = ", ".join(f"--{name.replace('_', '-')} {_listed(value)}" for name, value in config.options.items())
+        options = ", ".join(f"--{name.replace('_', '-')} {flag_value(value)}" for name, value in config.options.items())
         raise UsageError(f"the model does not fit in memory ({size}); choose smaller options ({options})") from None
     if stepper is not None:
         model.use_stepper(stepper)
     if config.compile:
         model.model.compile(mode=None if config.compile == "default" else config.compile)
     return model
-
-
-def _listed(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def _installed(package: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from project.config.schema import RunConfig
+from project.config.validators import flag_value
 from project.contract import Recipe, RecipeError
 from project.errors import DataError, UserError, first_line
 from project.training.data_card import data_card, fmt_values, gather, shape_problem, unaugmented
@@ -186,8 +187,7 @@ def check_options(subject: Subject) -> Finding:
     recipe = subject.recipe
     for name, option in recipe.options.items():
         flag = f"--{name.replace('_', '-')}"
-        text = ",".join(map(str, option.default)) if isinstance(option.default, (list, tuple)) else \
-            str(option.default)
+        text = flag_value(option.default)
         try:
             value, typed = recipe.checked_option(name)(option.default), recipe.checked_option(name)(text)
         except ValueError as err:
