@@ -139,16 +139,19 @@ def a_random_brightness(index, sample, read):
     return pixels * (0.5 + 0.5 * torch.rand(1).item()), label
 
 
-@pytest.mark.parametrize(("split", "change", "problem"), [
-    ("train", a_label_drawn_anew, "the train split gives sample 12 the label 0, then 1: labels drawn at random as a "
-                                  "sample is read; label noise, if wanted, is drawn once, with the data"),
-    ("test", a_random_brightness, "the test split gives other pixels for sample 0 each time it is read: random "
-                                  "transforms in its reading; the test split is read the same way each time"),
-    ("train", a_random_brightness, "the train split gives other pixels for sample 0 each time it is read: random "
-                                   "transforms in its reading; move them to augment, which draws from the generator "
-                                   "it is given (a resume then sees the same samples)"),
-], ids=["train-labels-drawn-at-each-read", "test-random-transforms", "train-random-transforms"])
-def test_a_split_read_otherwise_at_each_read_is_named(tmp_path, monkeypatch, split, change, problem):
+def float_labels(index, sample, read):
+    pixels, label = sample
+    return pixels, float(label) + 0.5
+
+
+def test_float_labels_read_per_sample_are_named_not_truncated(tmp_path, monkeypatch):
+    found = disk_recipe_checked(tmp_path, monkeypatch, "train", float_labels)
+    assert found["reads"].problem is None
+    assert found["labels"].problem == "the train split's labels are torch.float32: give class indices as integers"
+
+
+def disk_recipe_checked(tmp_path, monkeypatch, split, change) -> dict:
+    """The checks of the disk recipe whose ``split`` is read through ``Reread(..., change)``."""
     from tests.disk_recipe.data import ShapesDataModule
 
     recipe = load_recipe("tests.disk_recipe")
@@ -160,8 +163,20 @@ def test_a_split_read_otherwise_at_each_read_is_named(tmp_path, monkeypatch, spl
 
     monkeypatch.setattr(ShapesDataModule, "load_samples", read_otherwise)
     config = check_config(recipe, str(recipe.write_example_data(tmp_path / "data")), examples=True)
-    found = {f.check: f for f in check_recipe(config, recipe, learn=False)}
-    assert found["reads"].problem == problem
+    return {f.check: f for f in check_recipe(config, recipe, learn=False)}
+
+
+@pytest.mark.parametrize(("split", "change", "problem"), [
+    ("train", a_label_drawn_anew, "the train split gives sample 12 the label 0, then 1: labels drawn at random as a "
+                                  "sample is read; label noise, if wanted, is drawn once, with the data"),
+    ("test", a_random_brightness, "the test split gives other pixels for sample 0 each time it is read: random "
+                                  "transforms in its reading; the test split is read the same way each time"),
+    ("train", a_random_brightness, "the train split gives other pixels for sample 0 each time it is read: random "
+                                   "transforms in its reading; move them to augment, which draws from the generator "
+                                   "it is given (a resume then sees the same samples)"),
+], ids=["train-labels-drawn-at-each-read", "test-random-transforms", "train-random-transforms"])
+def test_a_split_read_otherwise_at_each_read_is_named(tmp_path, monkeypatch, split, change, problem):
+    assert disk_recipe_checked(tmp_path, monkeypatch, split, change)["reads"].problem == problem
 
 
 def test_a_training_split_mostly_one_class_passes_the_training_checks(tmp_path, monkeypatch):
