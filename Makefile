@@ -25,7 +25,7 @@ train: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
 
-# The in-process checks and one real run of each script: about 2½ minutes on 2 cores.
+# The in-process checks and one real run of each script: about 3 minutes on 2 cores.
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(ARGS)
 
