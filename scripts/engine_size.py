@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from project.config.cli import parse_engine_size_args  # noqa: E402  (light: no torch)
+from project.config.tool_args import parse_engine_size_args  # noqa: E402  (light: no torch)
 from project.errors import UserError, run_cli  # noqa: E402
 
 

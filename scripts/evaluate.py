@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.config.cli import parse_evaluate_args  # noqa: E402  (light: no torch)
+from project.config.tool_args import parse_evaluate_args  # noqa: E402  (light: no torch)
 from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import run_cli  # noqa: E402
 

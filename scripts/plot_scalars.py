@@ -9,14 +9,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.config.cli import parse_plot_scalars_args  # noqa: E402  (light: no torch)
+from project.config.tool_args import parse_plot_scalars_args  # noqa: E402  (light: no torch)
 from project.errors import run_cli  # noqa: E402
 
 DEFAULT_TAGS = ("train/loss", "train/acc", "val/loss", "val/acc", "train/lr", "train/samples_per_s")
 
 
 def main(args: argparse.Namespace) -> int:
-    from project.results.figures import scalars_figure
+    from project.results.plots import scalars_figure
 
     scalars_figure(args.run, args.tags.split(",")).savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

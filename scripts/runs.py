@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from project.config.cli import parse_runs_args  # noqa: E402  (light: no torch)
+from project.config.tool_args import parse_runs_args  # noqa: E402  (light: no torch)
 from project.contract import Recipe, installed_recipe  # noqa: E402
 from project.errors import one_field, run_cli, say  # noqa: E402
 

@@ -42,7 +42,7 @@ MUTANTS = (
            '(parent / f"version_{number}").mkdir(exist_ok=True)',
            ("tests/test_restarts.py::test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two",)),
     Mutant("stop-skips-a-due-validation", "a stop never skips a validation that is due",
-           "project/reliability/stops.py", "if self._agreed(trainer) and not validation_due(trainer):",
+           "project/reliability/processes.py", "if self._agreed(trainer) and not validation_due(trainer):",
            "if self._agreed(trainer):",
            ("tests/test_restarts.py::test_a_stop_at_an_epochs_last_step_waits_for_its_validation",)),
     Mutant("evaluate-without-log-softmax", "evaluate and predict give a logits recipe's loss and probabilities",
@@ -177,7 +177,7 @@ MUTANTS = (
            "loss.update(self.loss(outputs, y))",
            ("tests/test_documented_promises.py::test_the_test_loss_is_the_mean_over_samples_not_over_batches",)),
     Mutant("ctrl-c-recorded-as-failed", "Ctrl-C stops a run where it can resume, recorded as stopped",
-           "project/reliability/stops.py", 'signal.SIGINT: "Ctrl-C", ', "",
+           "project/reliability/processes.py", 'signal.SIGINT: "Ctrl-C", ', "",
            ("tests/test_documented_promises.py::test_a_run_stopped_by_ctrl_c_is_recorded_as_stopped",)),
     Mutant("kill-9-listed-as-running", "runs.py lists a run killed with kill -9 as killed",
            "project/reliability/run_folder.py", '    if state == "running" and not is_locked(folder):',
@@ -203,7 +203,7 @@ MUTANTS = (
            "if trainer.world_size > 1 or not isinstance(exception, SIGTERMException):",
            ("tests/test_reliability.py::test_a_crash_writes_last_ckpt_at_the_step_it_reached_and_nothing_before_the_first",)),
     Mutant("process-group-left-to-exit", "a finished DDP run ends with exit 0 on every rank, no abort at exit",
-           "project/reliability/cluster.py", "        torch.distributed.destroy_process_group()\n", "        pass\n",
+           "project/reliability/processes.py", "        torch.distributed.destroy_process_group()\n", "        pass\n",
            ("tests/test_ddp.py::test_a_finished_ddp_run_ends_cleanly_on_every_rank_every_time",
             "tests/test_ddp.py::test_ddp_spawn_reports_and_writes_what_ddp_does")),
     Mutant("name-may-be-a-path", "a run's name is one folder under --logdir, never a path out of it",
@@ -245,7 +245,7 @@ MUTANTS = (
            "project/reliability/checkpointing.py", "    if recorded is not None and recorded != mine:", "    if False:",
            ("tests/test_hostile_inputs.py::test_another_recipes_checkpoint_is_refused_by_every_script_naming_both",)),
     Mutant("requeue-line-left-to-the-end", "a requeued SLURM job's log says where it stopped",
-           "project/reliability/stops.py", '        print(f"train.py: {line}", file=sys.stderr, flush=True)\n', "",
+           "project/reliability/processes.py", '        print(f"train.py: {line}", file=sys.stderr, flush=True)\n', "",
            ("tests/test_slurm.py::test_a_job_signalled_before_its_time_limit_requeues_itself_and_ends_as_if_never_stopped",)),
     Mutant("sweep-best-is-the-worst", "a sweep's best.yaml holds its best trial",
            "project/sweeps/report.py", "float(t.value or 0.0), reverse=True)", "float(t.value or 0.0), reverse=False)",
@@ -340,8 +340,8 @@ MUTANTS = (
            ("tests/test_properties.py::test_a_credential_is_masked_whatever_its_keys_casing_scheme_and_place",
             "tests/test_properties.py::test_the_keys_a_reader_found_written_in_the_clear_are_masked")),
     Mutant("precision-16-true-on-cpu", "--precision 16 on a CPU trains in bf16-mixed, as --help says",
-           "project/hardware/devices.py", '_PRECISION_ALIASES = {"16": "16-mixed",',
-           '_PRECISION_ALIASES = {"16": "16-true",',
+           "project/config/schema.py", 'PRECISION_ALIASES = {"16": "16-mixed",',
+           'PRECISION_ALIASES = {"16": "16-true",',
            ("tests/test_measures.py::test_the_precision_a_cpu_run_trains_in_is_the_one_help_promises",
             "tests/test_measures.py::test_a_cpu_run_asked_for_16_records_and_trains_in_bf16_mixed")),
     Mutant("eval-loss-mean-of-batch-means", "evaluate.py's test loss is the mean over samples",
@@ -464,7 +464,7 @@ MUTANTS = (
            'source.for_run(config.batch_size, 1000,',
            ("tests/test_documented_promises.py::test_validation_and_test_run_in_batches_of_eval_batch_size",)),
     Mutant('hung-rank-unreported', "a DDP rank still running after the run finished is reported, not exit 0",
-           'project/reliability/cluster.py', 'start=1) if code != 0]', 'start=1) if code]',
+           'project/reliability/processes.py', 'start=1) if code != 0]', 'start=1) if code]',
            ("tests/test_cluster.py::test_a_rank_still_running_after_the_wait_is_reported_not_passed_over",)),
     Mutant('deleted-best-returned', "--ckpt best and evaluate.py never take a best checkpoint deleted by hand",
            'project/reliability/run_folder.py', 'if named and (checkpoints / Path(named).name).is_file():',
@@ -767,6 +767,20 @@ MUTANTS = (
            '    if not any(isinstance(logger, (TensorBoardLogger, CSVLogger)) for logger in loggers):',
            '    if False:',
            ("tests/test_experiments.py::test_loggers_that_keep_no_run_folder_alone_are_refused_in_one_line",)),
+    Mutant('default-run-loads-the-resume', "a run loads the resume and the device-side steps only when it uses them",
+           'project/training/run.py',
+           'from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint\n',
+           'from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint\n'
+           'from project.reliability.resume import Resume\n',
+           ("tests/test_engine_size.py::test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included"
+            "[project.recipe-project/recipe/]",)),
+    Mutant('default-run-loads-the-device-step', "a run loads the resume and the device-side steps only when it uses "
+           "them", 'project/training/classifier.py',
+           'from project.training.callbacks import log_every\n',
+           'from project.hardware.device_step import counts_in_place\n'
+           'from project.training.callbacks import log_every\n',
+           ("tests/test_engine_size.py::test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included"
+            "[project.recipe-project/recipe/]",)),
 )
 
 

@@ -129,7 +129,7 @@ def test_plot_scalars_draws_the_run(trained, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from project.errors import UserError
-    from project.results.figures import scalars_figure
+    from project.results.plots import scalars_figure
 
     with pytest.raises(UserError, match="none of the tags no/such"):
         scalars_figure(str(trained["run"]), ["no/such"])
@@ -194,7 +194,7 @@ def test_worst_mistakes_work_with_any_shard_size():
 
 
 def test_the_confusion_figure_shows_each_count_over_its_rows_share():
-    from project.results.figures import confusion_figure
+    from project.results.plots import confusion_figure
 
     counts = torch.tensor([[5, 0, 1], [2, 7, 0], [0, 0, 0]])
     ax = confusion_figure(counts, "test set, accuracy 0.8").axes[0]
@@ -214,7 +214,7 @@ def test_scalars_figure_draws_each_wanted_tag_that_the_run_holds_in_the_order_as
     from torch.utils.tensorboard import SummaryWriter
 
     from project.errors import UserError
-    from project.results.figures import scalars_figure
+    from project.results.plots import scalars_figure
 
     with SummaryWriter(tmp_path) as writer:
         for step in range(25):

@@ -15,7 +15,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnv
 
 from helpers import HANG_S, free_port
 from project.errors import Terminated, UserError
-from project.reliability import cluster
+from project.reliability import processes as cluster
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI", "MV2_", "TORCHELASTIC", "LSB_", "JSM_")
 LAUNCHER_KEYS = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -137,7 +137,7 @@ def test_a_requeue_refused_without_a_reason_says_so(tmp_path, monkeypatch):
 
 def test_a_process_started_for_a_run_dies_with_its_parent(tmp_path):
     """The parent starts a child that asks to die with it, then exits at once: the child must not outlive it."""
-    child = ("import sys, time; sys.path.insert(0, sys.argv[1]); from project.reliability.cluster import "
+    child = ("import sys, time; sys.path.insert(0, sys.argv[1]); from project.reliability.processes import "
              "die_with_parent; die_with_parent(); open(sys.argv[2], 'w').write('armed'); time.sleep(600)")
     parent = ("import subprocess, sys, time, pathlib; p = subprocess.Popen([sys.executable, '-c', sys.argv[1], "
               "sys.argv[2], sys.argv[3]]); print(p.pid, flush=True)\n"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from helpers import parse_run_command_of, tiny_recipe
-from project.config import cli
+from project.config import cli, tool_args
 from project.config.validators import flag, positive_int
 from project.contract import Option, load_recipe
 from project.errors import UsageError
@@ -26,110 +26,116 @@ def test_each_tools_settings_and_defaults(monkeypatch):
     recipe = tiny_recipe()
     common = {"debug": False}
     model = {"ckpt": None, "weights": None, "logdir": "lightning_logs", "name": "tiny"}
-    assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None)) == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_evaluate_args(recipe, None)) == {
         **common, **model, "data_dir": None, "images": None, "json": False, "plot": None}
-    assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "dir") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_predict_args(recipe, None), "a.png", "dir") == {
         **common, "inputs": ["a.png", "dir"], **model, "topk": 1, "json": False}
-    assert parsed(monkeypatch, lambda: cli.parse_check_recipe_args(None)) == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_check_recipe_args(None)) == {
         **common, "data_dir": None, "max_epochs": None, "no_learn": False}
-    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--images", "pics") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_new_recipe_args(None), "mine", "--images", "pics") == {
         **common, "name": "mine", "images": "pics", "from_package": None, "out": "."}
-    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--from", "tests.second_recipe")[
+    assert parsed(monkeypatch, lambda: tool_args.parse_new_recipe_args(None), "mine", "--from", "tests.second_recipe")[
         "from_package"] == "tests.second_recipe"
-    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None)) == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_sweep_args(recipe, None)) == {
         **common, "space": str(recipe.folder / "sweep.yaml"), "n_trials": 20,
-        "storage": "lightning_logs/sweeps/" + cli.SWEEP_STORAGE, "workers": "auto", "heartbeat": 60, "worker": False,
+        "storage": "lightning_logs/sweeps/" + tool_args.SWEEP_STORAGE, "workers": "auto", "heartbeat": 60,
+        "worker": False,
         "study_name": "tiny-sweep", "pruner": "median", "sampler": "tpe", "sampler_seed": None, "data_dir": None,
         "logdir": "lightning_logs", "val_size": None, "accelerator": None}  # None: the space's fixed, else auto
-    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--logdir", "runs", "--workers", "2",
-                  "--val-size", "0.25")["storage"] == "runs/sweeps/" + cli.SWEEP_STORAGE
-    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--storage", "postgresql://h/db")[
+    assert parsed(monkeypatch, lambda: tool_args.parse_sweep_args(recipe, None), "--logdir", "runs", "--workers", "2",
+                  "--val-size", "0.25")["storage"] == "runs/sweeps/" + tool_args.SWEEP_STORAGE
+    assert parsed(monkeypatch, lambda: tool_args.parse_sweep_args(recipe, None), "--storage", "postgresql://h/db")[
         "storage"] == "postgresql://h/db"
-    assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None)) == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_benchmark_args(recipe, None)) == {
         **common, "batch_size": 64, "epochs": 3, "accelerator": "auto", "precision": "32", "data_dir": None,
         "example_data": None, "limit": None, "val_size": None, "num_workers": None, "only": "all",
         "time_to_accuracy": False, "out": "benchmark-results", "repeat": 1}
-    assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None)) == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_runs_args(recipe, None)) == {
         **common, "logdir": "lightning_logs", "name": "tiny"}
-    assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None)) == {**common, "json": False, "bench": False}
-    assert parsed(monkeypatch, lambda: cli.parse_engine_size_args(None), "--debug") == {"debug": True}
-    assert parsed(monkeypatch, lambda: cli.parse_plot_scalars_args(None, ["train/loss", "val/acc"]), "runs/v0") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_check_gpu_args(None)) == {
+        **common, "json": False, "bench": False}
+    assert parsed(monkeypatch, lambda: tool_args.parse_engine_size_args(None), "--debug") == {"debug": True}
+    assert parsed(monkeypatch, lambda: tool_args.parse_plot_scalars_args(None, ["train/loss", "val/acc"]),
+                  "runs/v0") == {
         **common, "run": "runs/v0", "out": "scalars.png", "tags": "train/loss,val/acc"}
 
 
 def test_each_tools_options_are_read_as_their_types(monkeypatch, tmp_path):
     recipe = tiny_recipe()
     plot, out = str(tmp_path / "m.png"), str(tmp_path / "out")
-    assert parsed(monkeypatch, lambda: cli.parse_evaluate_args(recipe, None), "--plot", plot, "--name", "mine",
+    assert parsed(monkeypatch, lambda: tool_args.parse_evaluate_args(recipe, None), "--plot", plot, "--name", "mine",
                   "--ckpt", "last", "--json", "--debug", "--data-dir", "d", "--logdir", "l", "--images", "held") == {
         "debug": True, "ckpt": "last", "weights": None, "logdir": "l", "name": "mine", "data_dir": "d", "json": True,
         "plot": plot, "images": "held"}
-    assert parsed(monkeypatch, lambda: cli.parse_predict_args(recipe, None), "a.png", "--topk", "3", "--weights",
+    assert parsed(monkeypatch, lambda: tool_args.parse_predict_args(recipe, None), "a.png", "--topk", "3", "--weights",
                   "m.pth", "--json") == {"debug": False, "inputs": ["a.png"], "ckpt": None, "weights": "m.pth",
                                          "logdir": "lightning_logs", "name": "tiny", "topk": 3, "json": True}
-    assert parsed(monkeypatch, lambda: cli.parse_check_recipe_args(None), "--max-epochs", "3", "--no-learn",
+    assert parsed(monkeypatch, lambda: tool_args.parse_check_recipe_args(None), "--max-epochs", "3", "--no-learn",
                   "--data-dir", "d") == {"debug": False, "data_dir": "d", "max_epochs": 3, "no_learn": True}
-    assert parsed(monkeypatch, lambda: cli.parse_new_recipe_args(None), "mine", "--images", "pics", "--out", "o") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_new_recipe_args(None), "mine", "--images", "pics", "--out",
+                  "o") == {
         "debug": False, "name": "mine", "images": "pics", "from_package": None, "out": "o"}
-    assert parsed(monkeypatch, lambda: cli.parse_sweep_args(recipe, None), "--n-trials", "5", "--workers", "2",
+    assert parsed(monkeypatch, lambda: tool_args.parse_sweep_args(recipe, None), "--n-trials", "5", "--workers", "2",
                   "--heartbeat", "30", "--sampler-seed", "7", "--val-size", "0.25", "--study-name", "s", "--sampler",
                   "random", "--pruner", "halving", "--accelerator", "cpu", "--space", "f.yaml", "--data-dir", "d",
                   "--worker") == {
-        "debug": False, "space": "f.yaml", "n_trials": 5, "storage": "lightning_logs/sweeps/" + cli.SWEEP_STORAGE,
+        "debug": False, "space": "f.yaml", "n_trials": 5, "storage": "lightning_logs/sweeps/" + tool_args.SWEEP_STORAGE,
         "workers": 2, "heartbeat": 30, "worker": True, "study_name": "s", "pruner": "halving", "sampler": "random",
         "sampler_seed": 7, "data_dir": "d", "logdir": "lightning_logs", "val_size": 0.25, "accelerator": "cpu"}
-    assert parsed(monkeypatch, lambda: cli.parse_benchmark_args(recipe, None), "--batch-size", "32", "--epochs", "2",
+    assert parsed(monkeypatch, lambda: tool_args.parse_benchmark_args(recipe, None), "--batch-size", "32", "--epochs",
+                  "2",
                   "--example-data", "100", "--limit", "50", "--val-size", "10", "--num-workers", "0", "--out", out,
                   "--precision", "bf16-mixed", "--accelerator", "cpu", "--only", "hand", "--time-to-accuracy",
                   "--repeat", "5") == {
         "debug": False, "batch_size": 32, "epochs": 2, "accelerator": "cpu", "precision": "bf16-mixed",
         "data_dir": None, "example_data": 100, "limit": 50, "val_size": 10, "num_workers": 0, "only": "hand",
         "time_to_accuracy": True, "out": out, "repeat": 5}
-    assert parsed(monkeypatch, lambda: cli.parse_runs_args(recipe, None), "--logdir", "l", "--name", "mine") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_runs_args(recipe, None), "--logdir", "l", "--name", "mine") == {
         "debug": False, "logdir": "l", "name": "mine"}
-    assert parsed(monkeypatch, lambda: cli.parse_check_gpu_args(None), "--json", "--bench") == {
+    assert parsed(monkeypatch, lambda: tool_args.parse_check_gpu_args(None), "--json", "--bench") == {
         "debug": False, "json": True, "bench": True}
-    assert parsed(monkeypatch, lambda: cli.parse_plot_scalars_args(None, ["a"]), "r", "--out", plot, "--tags",
+    assert parsed(monkeypatch, lambda: tool_args.parse_plot_scalars_args(None, ["a"]), "r", "--out", plot, "--tags",
                   "x,y") == {"debug": False, "run": "r", "out": plot, "tags": "x,y"}
 
 
 @pytest.mark.parametrize(("parse", "argv", "error"), [
-    (lambda: cli.parse_predict_args(tiny_recipe(), None), [],
+    (lambda: tool_args.parse_predict_args(tiny_recipe(), None), [],
      "predict.py: error: the following arguments are required: IMAGE|DIR"),
-    (lambda: cli.parse_predict_args(tiny_recipe(), None), ["a.png", "--ckpt", "best", "--weights", "m.pth"],
+    (lambda: tool_args.parse_predict_args(tiny_recipe(), None), ["a.png", "--ckpt", "best", "--weights", "m.pth"],
      "predict.py: error: argument --weights: not allowed with argument --ckpt"),
-    (lambda: cli.parse_predict_args(tiny_recipe(), None), ["a.png", "--topk", "0"],
+    (lambda: tool_args.parse_predict_args(tiny_recipe(), None), ["a.png", "--topk", "0"],
      "predict.py: error: argument --topk: must be a positive integer, got 0"),
-    (lambda: cli.parse_evaluate_args(tiny_recipe(), None), ["--name", "../up"],
+    (lambda: tool_args.parse_evaluate_args(tiny_recipe(), None), ["--name", "../up"],
      "evaluate.py: error: argument --name: must be one plain folder name, got '../up'"),
-    (lambda: cli.parse_new_recipe_args(None), ["mine"],
+    (lambda: tool_args.parse_new_recipe_args(None), ["mine"],
      "new_recipe.py: error: one of the arguments --images --from is required"),
-    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--pruner", "best"],
+    (lambda: tool_args.parse_sweep_args(tiny_recipe(), None), ["--pruner", "best"],
      "sweep.py: error: argument --pruner: invalid choice: 'best' (choose from 'median', 'halving', 'none')"),
-    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--workers", "0"],
+    (lambda: tool_args.parse_sweep_args(tiny_recipe(), None), ["--workers", "0"],
      "sweep.py: error: argument --workers: must be a positive integer, got 0"),
-    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--precision", "8"],
-     "benchmark.py: error: argument --precision: invalid choice: '8' (choose from " + ", ".join(cli.PRECISIONS) + ")"),
-    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--data-dir", "d", "--example-data", "64"],
+    (lambda: tool_args.parse_benchmark_args(tiny_recipe(), None), ["--precision", "8"],
+     "benchmark.py: error: argument --precision: invalid choice: '8' (choose from "
+     + ", ".join(tool_args.PRECISIONS) + ")"),
+    (lambda: tool_args.parse_benchmark_args(tiny_recipe(), None), ["--data-dir", "d", "--example-data", "64"],
      "benchmark.py: error: argument --example-data: not allowed with argument --data-dir"),
-    (lambda: cli.parse_check_recipe_args(None), ["--max-epochs", "0"],
+    (lambda: tool_args.parse_check_recipe_args(None), ["--max-epochs", "0"],
      "check_recipe.py: error: argument --max-epochs: must be a positive integer, got 0"),
-    (lambda: cli.parse_plot_scalars_args(None, ["train/loss"]), ["run", "--out", "s.txt"],
+    (lambda: tool_args.parse_plot_scalars_args(None, ["train/loss"]), ["run", "--out", "s.txt"],
      "plot_scalars.py: error: argument --out: 's.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
-    (lambda: cli.parse_evaluate_args(tiny_recipe(), None), ["--plot", "m.txt"],
+    (lambda: tool_args.parse_evaluate_args(tiny_recipe(), None), ["--plot", "m.txt"],
      "evaluate.py: error: argument --plot: 'm.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
-    (lambda: cli.parse_new_recipe_args(None), ["../mine", "--images", "pics"],
+    (lambda: tool_args.parse_new_recipe_args(None), ["../mine", "--images", "pics"],
      "new_recipe.py: error: argument name: must be one plain folder name, got '../mine'"),
-    (lambda: cli.parse_runs_args(tiny_recipe(), None), ["--name", "a/b"],
+    (lambda: tool_args.parse_runs_args(tiny_recipe(), None), ["--name", "a/b"],
      "runs.py: error: argument --name: must be one plain folder name, got 'a/b'"),
-    (lambda: cli.parse_sweep_args(tiny_recipe(), None), ["--study-name", ".."],
+    (lambda: tool_args.parse_sweep_args(tiny_recipe(), None), ["--study-name", ".."],
      "sweep.py: error: argument --study-name: must be one plain folder name, got '..'"),
-    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--out", "/dev/null"],
+    (lambda: tool_args.parse_benchmark_args(tiny_recipe(), None), ["--out", "/dev/null"],
      "benchmark.py: error: argument --out: '/dev/null': is a file, not a folder"),
-    (lambda: cli.parse_benchmark_args(tiny_recipe(), None), ["--repeat", "0"],
+    (lambda: tool_args.parse_benchmark_args(tiny_recipe(), None), ["--repeat", "0"],
      "benchmark.py: error: argument --repeat: must be a positive integer, got 0"),
-    (lambda: cli.parse_check_gpu_args(None), ["--all"], "check_gpu.py: error: unrecognized arguments: --all"),
-    (lambda: cli.parse_engine_size_args(None), ["x"], "engine_size.py: error: unrecognized arguments: x"),
+    (lambda: tool_args.parse_check_gpu_args(None), ["--all"], "check_gpu.py: error: unrecognized arguments: --all"),
+    (lambda: tool_args.parse_engine_size_args(None), ["x"], "engine_size.py: error: unrecognized arguments: x"),
 ], ids=["predict-no-input", "predict-two-sources", "predict-topk", "evaluate-name", "new-recipe-source",
         "sweep-pruner", "sweep-workers", "benchmark-precision", "benchmark-two-datasets", "check-recipe-epochs",
         "plot-scalars-out", "evaluate-plot", "new-recipe-name", "runs-name", "sweep-study-name", "benchmark-out",

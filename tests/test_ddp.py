@@ -18,7 +18,7 @@ from project.config.schema import RunConfig
 from project.errors import Terminated, UsageError, UserError
 from project.hardware.devices import resolve_hardware
 from project.reliability.checkpointing import read_weights
-from project.reliability.cluster import DdpJobEnd, exit_status, wait_for
+from project.reliability.processes import DdpJobEnd, exit_status, wait_for
 from project.training.tensor_data import EvalShardSampler
 from project.training.tuning import check_tuning
 from tests.tiny_recipe.data import TinyDataModule

@@ -222,7 +222,7 @@ MALFORMED = ["postgresql://user:{pw}@127.0.0.1:1/db", "postgresql:/user:{pw}@127
 
 def sweep_error(monkeypatch, capsys, storage: str, data: Path, tmp_path: Path, *extra: str) -> str:
     """What sweep.py prints when ``storage`` fails, in this process: its parser, its prepare, its run_cli."""
-    from project.config.cli import parse_sweep_args
+    from project.config.tool_args import parse_sweep_args
     from project.sweeps.study import prepare
 
 
@@ -428,7 +428,7 @@ def test_new_recipe_into_a_read_only_folder_is_one_line(images, tmp_path):
 
 
 def test_sweep_py_with_its_logdir_on_a_read_only_mount_is_one_line(shared_tiny_data, tmp_path, monkeypatch, capsys):
-    from project.config.cli import parse_sweep_args
+    from project.config.tool_args import parse_sweep_args
     from project.sweeps.study import prepare
 
     space = tmp_path / "space.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from project.results import evaluation, figures
+from project.results import evaluation, figures, plots
 
 
 def box(mask: torch.Tensor) -> tuple[int, int, int, int]:
@@ -103,8 +103,8 @@ def test_the_confusion_figure_is_written_with_the_accuracy_in_its_title(tmp_path
         drawn.append((matrix.tolist(), title, names))
         return original(matrix, title, names)
 
-    original = figures.confusion_figure
-    monkeypatch.setattr(figures, "confusion_figure", confusion_figure)
+    original = plots.confusion_figure
+    monkeypatch.setattr(plots, "confusion_figure", confusion_figure)
     evaluation.plot_confusion({"test/acc": 0.98765, "confusion_matrix": [[3, 1], [0, 4]], "classes": ["a", "b"]},
                               str(tmp_path / "cm.png"))
     assert drawn == [([[3, 1], [0, 4]], "test set, accuracy 0.9877", ["a", "b"])]  # each class by its name
@@ -123,7 +123,7 @@ def test_the_pictures_name_each_class_as_the_recipe_names_it():
     plain = figures.mistakes_image(images, predicted, true, confidence)
     assert torch.equal(figures.mistakes_image(images, predicted, true, confidence, names=["0", "1"]), plain)
     assert not torch.equal(figures.mistakes_image(images, predicted, true, confidence, names=["cat", "dog"]), plain)
-    ax = figures.confusion_figure(matrix, "test set", ["circle", "triangle"]).axes[0]
+    ax = plots.confusion_figure(matrix, "test set", ["circle", "triangle"]).axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [t.get_text() for t in ax.get_yticklabels()] == [
         "circle", "triangle"]
 

@@ -19,7 +19,7 @@ from helpers import (
     tiny_run,
     train,
 )
-from project.hardware.device_step import StepMode
+from project.hardware.devices import StepMode
 from project.training.callbacks import RunsFirst
 from tests.tiny_recipe.data import TinyDataModule
 from tests.tiny_recipe.model import LitTiny

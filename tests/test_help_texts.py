@@ -47,5 +47,6 @@ def test_each_scripts_help_is_the_one_kept(script, monkeypatch, capsys):
 
 def test_every_script_with_a_command_line_of_the_projects_is_kept():
     with_one = {path.stem for path in (ROOT / "scripts").glob("*.py")
-                if "from project.config.cli import" in path.read_text()}
+                if "from project.config.cli import" in path.read_text() or
+                "from project.config.tool_args import" in path.read_text()}
     assert with_one == set(SCRIPTS), "name each such script in SCRIPTS, then UPDATE_HELP=1 writes its --help copy"

@@ -167,7 +167,7 @@ class StageRecorder(L.Callback):
 def test_a_second_ctrl_c_stops_at_once():
     """The first Ctrl-C is only noted (the run stops at its next safe point); the second ends the process now."""
     code = ("import os, signal, time\n"
-            "from project.reliability.stops import StopSignals\n"
+            "from project.reliability.processes import StopSignals\n"
             "signals = StopSignals()\n"
             "signals.install()\n"
             "os.kill(os.getpid(), signal.SIGINT)\n"

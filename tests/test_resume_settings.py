@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from helpers import tiny_recipe
-from project.config.schema import RunConfig
+from project.config.schema import RunConfig, full_precision
 from project.contract import load_recipe
 from project.errors import UserError
-from project.reliability.resume import Resume, check_same_training, continue_in_its_folder, full_precision
+from project.reliability.resume import Resume, check_same_training, continue_in_its_folder
 
 
 def resume_of(record: dict, steps_per_call: int | None = 4, path: Path = Path("elsewhere/last.ckpt")) -> Resume:
@@ -128,7 +128,7 @@ def a_checkpoint(path: Path, **fields) -> Path:
 
 
 def test_a_schedule_of_another_length_is_refused_with_both_lengths_and_the_way_on():
-    from project.reliability.resume import check_schedule_length
+    from project.reliability.checkpointing import check_schedule_length
 
     check_schedule_length(120, 120)
     with pytest.raises(UserError) as refused:

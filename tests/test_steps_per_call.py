@@ -345,7 +345,7 @@ def test_a_resumed_runs_bar_counts_its_epoch_from_the_epochs_start(data, tmp_pat
 
 
 def test_the_steps_per_call_line_says_k_and_why():
-    from project.hardware.device_step import StepMode
+    from project.hardware.devices import StepMode
     from project.training.steps_per_call import StepsTaken, StepTimes
 
     def line(planned: StepsPerCall, k: int, step_seconds: float | None = None, timed: StepTimes | None = None) -> str:
@@ -447,7 +447,7 @@ def measured_10_ms(monkeypatch):
         "one-for-a-reason"])
 def test_a_plan_takes_k_from_the_runs_own_step_or_the_run_it_resumes(tmp_path, measured_10_ms, settings, resumed_k,
                                                                      steps, grouped, ends):
-    from project.hardware.device_step import StepMode
+    from project.hardware.devices import StepMode
     from project.training.build import build_datamodule
     from project.training.steps_per_call import plan_steps
 

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from project.errors import Terminated
-from project.reliability.stops import StopSignals
+from project.reliability.processes import StopSignals
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +122,7 @@ def test_only_rank_zero_requeues(monkeypatch, outside_slurm):
 
 
 def test_the_stop_line_says_where_the_run_stopped_and_how_to_go_on():
-    from project.reliability.stops import StopAtSafePoints
+    from project.reliability.processes import StopAtSafePoints
 
     stopper = StopAtSafePoints(StopSignals())
     assert stopper.where(resumed=False) == "before its first training step; nothing new to save: start it again"
@@ -141,7 +141,7 @@ def test_ranks_stop_together_when_any_of_them_saw_a_signal(monkeypatch, here, el
 
     import torch
 
-    from project.reliability.stops import StopAtSafePoints
+    from project.reliability.processes import StopAtSafePoints
 
     def all_reduce(flag, op):
         assert op == torch.distributed.ReduceOp.MAX and flag.device == torch.device("cpu")

@@ -199,7 +199,7 @@ def test_workers_run_trials_in_parallel_each_on_its_own_cores(tiny_data, tmp_pat
 
 
 def sweep_args(monkeypatch, *argv: str):
-    from project.config.cli import parse_sweep_args
+    from project.config.tool_args import parse_sweep_args
 
     monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
     return parse_sweep_args(tiny_recipe(), None)

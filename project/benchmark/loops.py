@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from project import EVAL_BATCH_SIZE, internals
 from project.config.schema import RunConfig
 from project.contract import Recipe
-from project.hardware.device_step import StepMode
+from project.hardware.devices import StepMode
 from project.training.build import build_datamodule, build_model
 from project.training.callbacks import EpochStats, FetchClock, FetchProfiler, RunsFirst
 from project.training.classifier import optimizer_and_schedule

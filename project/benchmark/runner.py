@@ -25,7 +25,7 @@ from project.benchmark import loops as bench_loops
 from project.contract import Recipe
 from project.errors import UsageError, UserError
 from project.hardware.devices import available_accelerator, resolve_precision
-from project.results.figures import pyplot
+from project.results.plots import pyplot
 from project.training.callbacks import quiet_lightning_info
 
 ROOT = Path(__file__).resolve().parents[2]  # the template's folder

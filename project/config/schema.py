@@ -44,6 +44,13 @@ from project.errors import UsageError, first_line, not_a_regular_file
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}  # Lightning's own
+
+
+def full_precision(precision: str) -> str:
+    """A precision as Lightning spells it out (``32`` is ``32-true``), so that it does not warn about a shorthand and
+    a resume sees the same precision under both names."""
+    return PRECISION_ALIASES.get(str(precision), str(precision))
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

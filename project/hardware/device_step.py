@@ -11,7 +11,8 @@ changes from one step to the next must live in a tensor the kernels read (``Devi
 - 16-mixed's loss scale: GradScaler's own scale and growth tensors, checked, unscaled and updated
   on the device; a step whose gradients overflow leaves the weights and the optimizer's state as
   they were;
-- the training accuracy, counted in place (``RunningAccuracy``).
+- the metrics the step updates, which must count in place (``counts_in_place``: the training
+  accuracy).
 
 Replaying a graph launches a whole step's kernels with one call, so the host's Python work per
 step all but disappears: the step is captured once (``StepRunner``), checked against an eager step
@@ -28,57 +29,26 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
 from torchmetrics import Metric
 
 from project import internals
-from project.config.schema import RunConfig
-from project.errors import UsageError, first_line
+from project.errors import first_line
+from project.hardware.devices import StepMode
 
 FEATURES = ("lr", "momentum")  # what the schedule table holds per step and parameter group
 
 
+def counts_in_place(metric: Any) -> bool:
+    """A metric a graph can replay: its ``update`` adds into its own state tensors, and ``replayed(n)`` tells it of
+    the updates a replay made without calling it (the training accuracy's ``RunningAccuracy``)."""
+    return callable(getattr(metric, "replayed", None))
+
+
 class NotCapturable(Exception):
     """Why this run's optimizer step cannot be a device-side step (said in one line; the run goes on eagerly)."""
-
-
-class RunningAccuracy(Metric):
-    """The share of correct predictions, counted in place.
-
-    A captured training step adds to these very tensors at every replay, so ``reset()`` zeroes
-    them where they are instead of making new ones; ``replayed(n)`` tells the metric about the
-    updates a graph made without calling ``update``. Sync-free, and summed across DDP ranks.
-    """
-
-    full_state_update = False
-    higher_is_better = True
-    correct: torch.Tensor
-    total: torch.Tensor
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(compute_with_cache=False, **kwargs)
-        self.add_state("correct", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
-        # In place: no new tensors to set through nn.Module's __setattr__ at every training step.
-        self.correct.add_((scores.argmax(dim=1) == target).sum())
-        self.total.add_(target.numel())
-
-    def compute(self) -> torch.Tensor:
-        return self.correct.float() / self.total.clamp(min=1)
-
-    def reset(self) -> None:
-        kept = {name: getattr(self, name) for name in internals.metric_state_names(self)}
-        super().reset()
-        for name, tensor in kept.items():
-            setattr(self, name, tensor.zero_())
-
-    def replayed(self, updates: int) -> None:
-        internals.count_metric_updates(self, updates)
 
 
 def schedule_table(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> torch.Tensor:
@@ -128,24 +98,6 @@ def schedule_table(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int)
     if bool((table == table[0]).all()):
         table = table[:1]
     return table.to(device)
-
-
-def advance_schedule(scheduler: Any, steps: int) -> None:
-    """The host's scheduler moved on by ``steps`` optimizer steps taken on the device (its state is saved in
-    checkpoints, and sets the LR the run logs). One-cycle's and ``LambdaLR``'s LR is a function of the step
-    count: they jump there in one step."""
-    if scheduler is None or steps <= 0:
-        return
-    closed_form = isinstance(scheduler, (torch.optim.lr_scheduler.OneCycleLR, torch.optim.lr_scheduler.LambdaLR))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if closed_form:
-            scheduler.last_epoch += steps - 1
-            internals.count_scheduler_steps(scheduler, steps - 1)
-            scheduler.step()
-        else:
-            for _ in range(steps):
-                scheduler.step()
 
 
 @dataclass(frozen=True)
@@ -287,8 +239,8 @@ class DeviceStep:
         tensors += [self.loss_scale.scale, self.loss_scale.growth] if self.loss_scale is not None else []
         tensors.append(self.index)
         for metric in self.module.modules():
-            if isinstance(metric, RunningAccuracy):
-                tensors += [metric.correct, metric.total]
+            if counts_in_place(metric):
+                tensors += [getattr(metric, name) for name in internals.metric_state_names(metric)]
         return tensors
 
     def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -309,40 +261,6 @@ class DeviceStep:
 WARM_UP_STEPS = 3  # on a side stream before capture, as PyTorch's graph capture requires
 TIMED_REPLAYS = 10
 GROUP_BUFFER_BYTES = 256 * 2**20  # the inputs a group's buffer holds at most (it holds two batches at least)
-
-
-class StepMode(Enum):
-    """How a group's optimizer steps run."""
-
-    GRAPHS = "graphs"  # each step a DeviceStep replayed from one CUDA graph capture
-    DEVICE = "device"  # the same DeviceStep, uncaptured (--cuda-graphs on a CPU: their arithmetic, checked)
-    OFF = "off"  # torch.optim's own eager steps
-
-
-def capture_plan(config: RunConfig, accelerator: str, steps_per_call: int, why_one: str | None = None) -> \
-        tuple[StepMode, str]:
-    """The step mode and why. ``--cuda-graphs`` asked for where it cannot be: refused in one line."""
-    asked = config.cuda_graphs
-    if asked is False:
-        return StepMode.OFF, "--no-cuda-graphs"
-    reason = None
-    if steps_per_call < 2:
-        reason = why_one or f"--steps-per-call {steps_per_call}: a graph replays the steps of a group"
-    elif config.compile:
-        reason = "--compile makes its own graphs"
-    elif config.detect_anomaly:
-        reason = "--detect-anomaly checks every backward on the host"
-    elif config.optimizer != "sgd" and config.scheduler == "onecycle":
-        reason = f"one-cycle cycles {config.optimizer}'s beta1, a Python number in torch's optimizer"
-    if reason is not None:
-        if asked is True:
-            raise UsageError(f"--cuda-graphs: not possible here ({reason}); drop it or use --no-cuda-graphs")
-        return StepMode.OFF, reason
-    if accelerator == "cuda":
-        return StepMode.GRAPHS, "each optimizer step replayed from one capture"
-    if asked is True:
-        return StepMode.DEVICE, f"no GPU here: --cuda-graphs checks their arithmetic on {accelerator}"
-    return StepMode.OFF, f"{accelerator}: CUDA graphs need a GPU"
 
 
 class StepRunner:
@@ -505,17 +423,15 @@ class StepRunner:
             self.on_timed(start.elapsed_time(end) / 1000 / TIMED_REPLAYS)
 
     def _metrics(self) -> list[Any]:
-        from torchmetrics import Metric
-
         return [m for m in self.built.module.modules() if isinstance(m, Metric)]
 
     @staticmethod
     def _check_metrics(updated: list[Any]) -> None:
         """A metric the step updates that does not count in place would lose every replay's update."""
         for metric in updated:
-            if not isinstance(metric, RunningAccuracy):
+            if not counts_in_place(metric):
                 raise NotCapturable(f"{type(metric).__name__} is updated in the step; only metrics that count in "
-                                    "place (RunningAccuracy) can be replayed")
+                                    "place (the training accuracy's RunningAccuracy) can be replayed")
 
 
 def _captured(step: Any, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:

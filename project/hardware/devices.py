@@ -1,19 +1,19 @@
-"""Which hardware a run asks for, checked against what this machine has; device memory helpers."""
+"""Which hardware a run asks for, checked against what this machine has; how its steps run there (``StepMode``:
+the device-side steps of ``project/hardware/device_step.py``, loaded only for a run that takes them); device memory
+helpers."""
 
 from __future__ import annotations
 
 import os
 import resource
 import threading
+from enum import Enum
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from project.config.schema import RunConfig
+from project.config.schema import RunConfig, full_precision
 from project.errors import UsageError
-
-# Lightning's shorthands, spelled out so that Lightning does not warn about them.
-_PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 
 
 def mps_available() -> bool:
@@ -35,7 +35,7 @@ def resolve_accelerator(accelerator: str) -> str:
 
 def resolve_precision(precision: str, accelerator: str) -> str:
     """Lightning's precision string for this run; fp16 autocast does not exist on CPU, bf16 does."""
-    precision = _PRECISION_ALIASES.get(precision, precision)
+    precision = full_precision(precision)
     if resolve_accelerator(accelerator) == "cpu" and precision == "16-mixed":
         rank_zero_info("note: fp16 mixed precision is not available on CPU; using bf16-mixed")
         return "bf16-mixed"
@@ -164,6 +164,40 @@ def _validate_strategy(strategy: str, world_size: int) -> None:
     if strategy.startswith("single_") and world_size > 1:
         raise UsageError(f"--strategy {strategy} trains in one process on one device, and this run asks for "
                          f"{world_size}: give --devices 1, or drop --strategy")
+
+
+class StepMode(Enum):
+    """How a group's optimizer steps run."""
+
+    GRAPHS = "graphs"  # each step a DeviceStep replayed from one CUDA graph capture
+    DEVICE = "device"  # the same DeviceStep, uncaptured (--cuda-graphs on a CPU: their arithmetic, checked)
+    OFF = "off"  # torch.optim's own eager steps
+
+
+def capture_plan(config: RunConfig, accelerator: str, steps_per_call: int, why_one: str | None = None) -> \
+        tuple[StepMode, str]:
+    """The step mode and why. ``--cuda-graphs`` asked for where it cannot be: refused in one line."""
+    asked = config.cuda_graphs
+    if asked is False:
+        return StepMode.OFF, "--no-cuda-graphs"
+    reason = None
+    if steps_per_call < 2:
+        reason = why_one or f"--steps-per-call {steps_per_call}: a graph replays the steps of a group"
+    elif config.compile:
+        reason = "--compile makes its own graphs"
+    elif config.detect_anomaly:
+        reason = "--detect-anomaly checks every backward on the host"
+    elif config.optimizer != "sgd" and config.scheduler == "onecycle":
+        reason = f"one-cycle cycles {config.optimizer}'s beta1, a Python number in torch's optimizer"
+    if reason is not None:
+        if asked is True:
+            raise UsageError(f"--cuda-graphs: not possible here ({reason}); drop it or use --no-cuda-graphs")
+        return StepMode.OFF, reason
+    if accelerator == "cuda":
+        return StepMode.GRAPHS, "each optimizer step replayed from one capture"
+    if asked is True:
+        return StepMode.DEVICE, f"no GPU here: --cuda-graphs checks their arithmetic on {accelerator}"
+    return StepMode.OFF, f"{accelerator}: CUDA graphs need a GPU"
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project import internals
 from project.config.schema import RunConfig
 from project.contract import RECIPE_VARIABLE, Recipe
-from project.errors import CheckpointError, NonFiniteLossError, first_line, not_a_regular_file
+from project.errors import CheckpointError, NonFiniteLossError, UserError, first_line, not_a_regular_file
 from project.reliability.run_folder import LAST
 
 
@@ -225,6 +225,15 @@ def check_trained_by(checkpoint: dict[str, Any], path: Path, recipe: Recipe) -> 
     if recorded is not None and recorded != mine:
         raise CheckpointError(f"{path}: trained by another recipe ({recorded}), not by this one ({mine}); "
                               f"{RECIPE_VARIABLE} names the recipe the scripts use")
+
+
+def check_schedule_length(saved_total: int, planned: int) -> None:
+    """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
+    if saved_total != planned:
+        raise UserError(
+            f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
+            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
+        )
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
-from project.config.schema import TRAINER_ARGUMENTS, TRAINING_SETTINGS, RunConfig
+from project.config.schema import TRAINER_ARGUMENTS, TRAINING_SETTINGS, RunConfig, full_precision
 from project.config.validators import flag_value, same_trainer_value, trainer_default
 from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
@@ -157,12 +157,6 @@ def check_same_training(saved: dict[str, Any], config: RunConfig, path: Path, re
         raise UserError(f"{flag} {_shown(after)}: the checkpoint's run trained with {flag} {_shown(before)}, and a "
                         f"resume continues that run; resume with {flag} {_shown(before)}, or start a new run from "
                         f"its weights with --init-from {path}")
-
-
-def full_precision(precision: str) -> str:
-    """Lightning's short names for precisions (``32`` is ``32-true``)."""
-    return {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(str(precision),
-                                                                                      str(precision))
 
 
 def _shown(value: Any) -> str:

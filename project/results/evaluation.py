@@ -13,11 +13,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from project import EVAL_BATCH_SIZE
-from project.config.schema import settings_of
+from project.config.schema import full_precision, settings_of
 from project.contract import Recipe, class_labels
 from project.errors import CheckpointError, ImageError, UsageError, first_line, terminal_safe
 from project.reliability.checkpointing import check_trained_by, read_checkpoint, read_weights
-from project.reliability.resume import full_precision
 from project.reliability.run_folder import RunFolder, checkpoint_of
 from project.results.image_files import files_in
 
@@ -214,7 +213,7 @@ def evaluate_folder(recipe: Recipe, classifier: Classifier, folder: Path) -> tup
 
 
 def plot_confusion(results: dict[str, Any], path: str) -> None:
-    from project.results.figures import confusion_figure
+    from project.results.plots import confusion_figure
 
     title = f"test set, accuracy {results['test/acc']:.4f}"
     confusion_figure(torch.tensor(results["confusion_matrix"]), title, results["classes"]).savefig(path, dpi=120)

@@ -13,7 +13,7 @@ import yaml
 from project.config.schema import resolve_config
 from project.contract import Recipe
 from project.errors import first_line, redact, redact_values
-from project.results.figures import pyplot
+from project.results.plots import pyplot
 
 
 def report(study: optuna.Study, recipe: Recipe, fixed: dict[str, Any], folder: Path, top: int = 5) -> str:

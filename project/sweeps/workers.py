@@ -20,7 +20,7 @@ import torch
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
 from project.hardware.devices import OVERSUBSCRIBED, expected_world_size, resolve_accelerator
-from project.reliability.cluster import die_with_parent
+from project.reliability.processes import die_with_parent
 
 SWEEP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sweep.py"
 

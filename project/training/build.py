@@ -29,7 +29,7 @@ from project.contract import Recipe
 from project.errors import UsageError, first_line, redact, redact_values
 from project.internals import file_writer, opened_experiment
 from project.reliability.checkpointing import AtomicCheckpointIO, BestCheckpoints, LastCheckpoint
-from project.reliability.cluster import cluster_plugins
+from project.reliability.processes import cluster_plugins
 from project.reliability.run_folder import BEST_FILENAME, run_dir, tensorboard_of
 from project.results.figures import ModelInTensorBoard, TensorBoardFigures
 from project.training.callbacks import (

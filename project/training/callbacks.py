@@ -19,7 +19,7 @@ from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from project.contract import DEFAULT_RECIPE
 from project.errors import NonFiniteLossError
 from project.hardware.devices import peak_memory_mb
-from project.reliability.resume import check_schedule_length
+from project.reliability.checkpointing import check_schedule_length
 
 # Harmless for this template: the in-memory loader needs no workers, a small validation
 # set gives fewer batches than the logging interval, Lightning's own use of a torch API that

@@ -18,12 +18,11 @@ import lightning as L
 import torch
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric
 
-from project import OPTIMIZERS, SCHEDULERS
+from project import OPTIMIZERS, SCHEDULERS, internals
 from project.config.validators import registered, registries_problem
 from project.errors import CheckpointError, UsageError
-from project.hardware.device_step import RunningAccuracy
 from project.reliability.checkpointing import atomic_save
 from project.training.callbacks import log_every
 from project.training.steps_per_call import Stepper, lightnings_own_steps
@@ -161,6 +160,42 @@ def one_optimizer(module: L.LightningModule) -> LightningOptimizer:
     if isinstance(found, list):
         raise TypeError(f"{type(module).__name__} has {len(found)} optimizers; the engine steps one")
     return found
+
+
+class RunningAccuracy(Metric):
+    """The share of correct predictions, counted in place.
+
+    A captured training step adds to these very tensors at every replay, so ``reset()`` zeroes
+    them where they are instead of making new ones; ``replayed(n)`` tells the metric about the
+    updates a graph made without calling ``update``. Sync-free, and summed across DDP ranks.
+    """
+
+    full_state_update = False
+    higher_is_better = True
+    correct: torch.Tensor
+    total: torch.Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(compute_with_cache=False, **kwargs)
+        self.add_state("correct", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        # In place: no new tensors to set through nn.Module's __setattr__ at every training step.
+        self.correct.add_((scores.argmax(dim=1) == target).sum())
+        self.total.add_(target.numel())
+
+    def compute(self) -> torch.Tensor:
+        return self.correct.float() / self.total.clamp(min=1)
+
+    def reset(self) -> None:
+        kept = {name: getattr(self, name) for name in internals.metric_state_names(self)}
+        super().reset()
+        for name, tensor in kept.items():
+            setattr(self, name, tensor.zero_())
+
+    def replayed(self, updates: int) -> None:
+        internals.count_metric_updates(self, updates)
 
 
 class ClassifierModule(L.LightningModule):

@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from project.config.schema import RunConfig, settings_of
 from project.contract import Recipe
 from project.errors import Terminated, UsageError, UserError, first_line
-from project.hardware.device_step import StepMode
 from project.hardware.devices import (
+    StepMode,
     expected_world_size,
     peak_memory_mb,
     release_cuda_cache,
@@ -29,10 +29,8 @@ from project.hardware.devices import (
     warm_up_cuda,
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
-from project.reliability.cluster import DdpJobEnd
-from project.reliability.resume import Resume, checkpoint_to_resume, continue_in_its_folder, load_initial_weights
+from project.reliability.processes import DdpJobEnd, StopAtSafePoints, StopSignals, stop_signals
 from project.reliability.run_folder import RunFolder, last_checkpoint
-from project.reliability.stops import StopAtSafePoints, StopSignals, stop_signals
 from project.training.build import (
     OneFileTensorBoardLogger,
     build_datamodule,
@@ -48,7 +46,8 @@ from project.training.data_card import DataCard, announce, checked_data_card, lo
 from project.training.steps_per_call import Stepper, StepsTaken, plan_steps
 from project.training.tensor_data import TensorDataModule, planned_steps, tensor_datamodule
 
-if TYPE_CHECKING:  # the tuners and the export load only for a run that uses them
+if TYPE_CHECKING:  # the tuners, the export and the resume load only for a run that uses them
+    from project.reliability.resume import Resume
     from project.training.tuning import LrScaling
 
 
@@ -203,16 +202,24 @@ def plan_run(asked: RunConfig, recipe: Recipe, given: TensorDataModule | None, t
         source.setup("test")  # a test set the recipe cannot use is said now, not after the training
     steps = planned_steps(here, train_size, world_size)  # settings that would train on nothing: refused now
     card = checked_data_card(source)  # statistics declared wrong: refused now
-    resume = checkpoint_to_resume(here, recipe, steps, world_size)
+    resume, carried = None, {}
+    if here.resume:
+        from project.reliability.resume import checkpoint_to_resume, continue_in_its_folder
+
+        resume = checkpoint_to_resume(here, recipe, steps, world_size)
+        carried = continue_in_its_folder(here, resume)
     # The data folder as found (DATA_DIR, data/): the run's scripts use it again later.
     found = str(source.data_dir.resolve()) if here.data_dir is None else here.data_dir
-    config = here.replace(data_dir=found, **continue_in_its_folder(here, resume))
+    config = here.replace(data_dir=found, **carried)
     RunFolder.check_outputs_writable(config)
     stepper = Stepper(plan_steps(config, source, lambda trial: build_model(trial, recipe),
                                  resume.auto_steps_per_call() if resume else None))
     datamodule = source.for_run(config.batch_size, config.eval_batch_size, stepper.train_batches)
     model = build_model(config, recipe, stepper)
-    load_initial_weights(model, config, recipe)
+    if config.init_from:
+        from project.reliability.resume import load_initial_weights
+
+        load_initial_weights(model, config, recipe)
     if resume is not None:
         check_fits(model, resume)
     if config.export_pt2:

@@ -19,6 +19,7 @@ import copy
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from project import internals
 from project.config.schema import TRAINER_ARGUMENTS, RunConfig
 from project.config.validators import changes_the_default
 from project.errors import UsageError
-from project.hardware.device_step import StepMode, StepRunner, advance_schedule, capture_plan
+from project.hardware.devices import StepMode, capture_plan
 from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar, log_every
 from project.training.tensor_data import EpochBatches, StepGroups, batches_of, tensor_datamodule
 
@@ -154,7 +155,11 @@ class Stepper:
         self.plan = plan
         self.k = plan.steps.k  # optimizer steps per Lightning step, now: auto follows the run's step time
         grouped_on_device = plan.grouped and plan.mode is not StepMode.OFF
-        self.runner = StepRunner(plan.mode, self._timed) if grouped_on_device else None
+        self.runner = None
+        if grouped_on_device:
+            from project.hardware.device_step import StepRunner  # device-side steps: loaded for a run that takes them
+
+            self.runner = StepRunner(plan.mode, self._timed)
         self.step_seconds: float | None = None  # of a captured step, timed after its capture
         self.timed: StepTimes | None = None  # the run's own steps and calls, as auto timed them on CPU
         self._trainer: L.Trainer | None = None
@@ -360,6 +365,24 @@ def _eager_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Ten
             scheduler.step()
         losses.append(loss.detach())
     return torch.stack(losses), lr
+
+
+def advance_schedule(scheduler: Any, steps: int) -> None:
+    """The host's scheduler moved on by ``steps`` optimizer steps taken on the device (its state is saved in
+    checkpoints, and sets the LR the run logs). One-cycle's and ``LambdaLR``'s LR is a function of the step
+    count: they jump there in one step."""
+    if scheduler is None or steps <= 0:
+        return
+    closed_form = isinstance(scheduler, (torch.optim.lr_scheduler.OneCycleLR, torch.optim.lr_scheduler.LambdaLR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if closed_form:
+            scheduler.last_epoch += steps - 1
+            internals.count_scheduler_steps(scheduler, steps - 1)
+            scheduler.step()
+        else:
+            for _ in range(steps):
+                scheduler.step()
 
 
 def _current_lr(optimizer: Any) -> Any:
