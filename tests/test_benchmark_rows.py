@@ -353,7 +353,7 @@ def test_the_template_row_is_train_itself_on_the_same_samples(steps_per_call, pe
     assert isinstance(wait, NumberedWaits) and measured["wait_times"] == [20.0, 30.0]
     assert measured == {
         "epoch_times": result.epoch_times[1:], "warm_up_s": result.epoch_times[0], "wait_times": [20.0, 30.0],
-        "test_acc": float(result.test_metrics["test/acc"]), "steps_per_call": result.steps_per_call,
+        "test_acc": float(result.test_metrics["test/acc"]), "steps_per_call": result.steps.k,
         "optimizer_steps": result.optimizer_steps, "cuda_graphs": False, "syncs_per_step": 0.0}
     assert len(result.epoch_times) == EPOCHS + 1 and result.optimizer_steps == bench.steps(EPOCHS + 1, BATCH)
     assert not Path(config.logdir).exists()  # its temporary log folder is gone

@@ -9,7 +9,7 @@ import yaml
 from helpers import HANG_S, ROOT, RUN_STARTED, one_line_error, parse_run_config, run_script, tiny_recipe
 from project.config.cli import build_parser
 from project.config.schema import RunConfig, resolve_config, settings_of
-from project.config.validators import check_trainer_args
+from project.config.trainer_args import check_trainer_args
 from project.errors import UsageError
 
 

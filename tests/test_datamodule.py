@@ -155,7 +155,7 @@ def test_runs_sharing_a_datamodule_each_train_as_planned_and_leave_it_as_it_was(
         seen = SeenData()
         result = train(tiny_config(tiny_data, tmp_path, batch_size=batch_size, steps_per_call=k, max_epochs=1,
                                    accelerator="cpu"), datamodule=shared, callbacks=[seen], test=False)
-        assert (result.optimizer_steps, result.steps_per_call) == (steps, k)
+        assert (result.optimizer_steps, result.steps.k) == (steps, k)
         assert seen.data is not shared and seen.data.train_set is loaded
         assert seen.data.batch_size == batch_size
         assert type(seen.data._train_sampler) is (StepGroups if k > 1 else EpochBatches)  # as the run's stepper made

@@ -12,10 +12,9 @@ from torch import nn
 from helpers import assert_same_training_state, make_tiny_data, tiny_config, tiny_run, train
 from project.config.schema import RunConfig
 from project.errors import UsageError
-from project.hardware.device_step import DeviceStep, NotCapturable, schedule_table
+from project.hardware.device_step import DeviceStep, NotCapturable, advance_schedule, schedule_table
 from project.hardware.devices import StepMode, capture_plan
 from project.training.classifier import ClassifierModule, RunningAccuracy, optimizer_and_schedule
-from project.training.steps_per_call import advance_schedule
 
 STEPS = 60
 SCHEDULES = {  # name: (optimizer settings, schedule)

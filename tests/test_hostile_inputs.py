@@ -158,7 +158,7 @@ TRAINER_VALUES = [
 @pytest.mark.parametrize(("values", "line"), TRAINER_VALUES)
 def test_each_trainer_argument_out_of_its_range_is_one_line(values, line):
     """What the script replays above for one value of each kind, here for the others (no process to start)."""
-    from project.config.validators import check_trainer_args
+    from project.config.trainer_args import check_trainer_args
 
     with pytest.raises(UsageError) as refused:
         check_trainer_args(values)
@@ -166,7 +166,7 @@ def test_each_trainer_argument_out_of_its_range_is_one_line(values, line):
 
 
 def test_trainer_arguments_in_their_ranges_pass_as_given():
-    from project.config.validators import check_trainer_args
+    from project.config.trainer_args import check_trainer_args
 
     given = {"limit_train_batches": 1.0, "limit_val_batches": 0, "limit_test_batches": 3, "max_steps": -1,
              "gradient_clip_val": 0.0, "max_time": {"hours": 1, "minutes": 30}, "accumulate_grad_batches": 1}

@@ -55,9 +55,9 @@ def test_k_steps_per_call_train_bitwise_like_one(data, tmp_path, precision, monk
     from project.training import steps_per_call
 
     reference, reference_state = run(data, tmp_path / "k1", 1, precision=precision, log_every_n_steps=50)
-    assert reference.steps_per_call == 1 and reference_state["global_step"] == 34
+    assert reference.steps.k == 1 and reference_state["global_step"] == 34
     eight, state = run(data, tmp_path / "k8", 8, precision=precision, log_every_n_steps=50)
-    assert eight.steps_per_call == 8
+    assert eight.steps.k == 8
     assert_same_training_state(reference_state, state)
     assert eight.test_metrics == reference.test_metrics
     # auto, on a step as fast as a GPU's: the measurement asks for many steps per call
@@ -115,13 +115,13 @@ def test_auto_follows_the_runs_own_steps_and_fixed_cost(data, tmp_path, monkeypa
     # 27 steps of 1.5 ms, aligned to the logging interval: 25; 50 steps of 0.8 ms: 50; 11 of 1.5 ms at 0.4 ms: 10
     assert steps_per_call.steps_for(first, 50) == start
     assert steps_per_call.steps_for(own, 50, fixed) == expected
-    assert auto.steps_per_call == expected, auto.summary()
+    assert auto.steps.k == expected, auto.summary()
     assert (f"(auto: a step's math takes {own * 1e3:.2f} ms, a call's fixed cost {fixed * 1e3:.2f} ms, as the run "
             f"timed its own; {start} at first, then {expected})") in auto.summary()
     timed = auto.steps.timed
     assert timed.step_seconds == pytest.approx(own) and timed.fixed_seconds == pytest.approx(fixed)
     assert_same_training_state(reference, state)
-    assert state["run_record"]["steps_per_call"] == auto.steps_per_call  # what a resume takes
+    assert state["run_record"]["steps_per_call"] == auto.steps.k  # what a resume takes
 
 
 def following(followed: list) -> object:
@@ -328,7 +328,7 @@ def test_the_progress_bar_counts_optimizer_steps_and_shows_the_logged_loss(data,
     seen = BarSeen()
     result = train(tiny_config(data, tmp_path, steps_per_call=4, max_epochs=2, trainer={"enable_progress_bar": True}),
                    callbacks=[seen], test=False)
-    assert result.steps_per_call == 4
+    assert result.steps.k == 4
     assert seen.counts == [(17, 17), (17, 17)]
     assert "train/loss=" in seen.postfix  # the value logged at the last logging step
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import pytest
 
+from project.config import tool_args, trainer_args
 from project.config import validators as v
 from project.errors import UsageError
 
@@ -166,16 +167,16 @@ def test_a_long_value_is_quoted_cut_short():
 
 def test_figure_and_report_paths_that_can_be_written_pass(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert v.image_file("a.PNG") == "a.PNG"
-    assert v.output_folder("new/deeper") == "new/deeper"  # made later
+    assert tool_args.image_file("a.PNG") == "a.PNG"
+    assert tool_args.output_folder("new/deeper") == "new/deeper"  # made later
 
 
 @pytest.mark.parametrize(("check", "value", "message"), [
-    (v.image_file, "a.txt", "'a.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
-    (v.image_file, "gone/a.png", "'gone/a.png': the folder gone does not exist"),
-    (v.output_folder, "afile", "'afile': is a file, not a folder"),
-    (v.output_folder, "afile/sub", "cannot write the reports in afile/sub (afile is not a folder this user can write "
-                                   "in)"),
+    (tool_args.image_file, "a.txt", "'a.txt': name a .png, .pdf, .svg, .jpg, .jpeg file"),
+    (tool_args.image_file, "gone/a.png", "'gone/a.png': the folder gone does not exist"),
+    (tool_args.output_folder, "afile", "'afile': is a file, not a folder"),
+    (tool_args.output_folder, "afile/sub",
+     "cannot write the reports in afile/sub (afile is not a folder this user can write in)"),
 ])
 def test_a_figure_or_report_path_that_cannot_be_written_is_refused(tmp_path, monkeypatch, check, value, message):
     monkeypatch.chdir(tmp_path)  # short paths: a message quotes a long one cut short
@@ -216,7 +217,7 @@ TRAINER_REFUSED = [
 @pytest.mark.parametrize(("values", "message"), TRAINER_REFUSED)
 def test_a_bad_trainer_argument_is_one_line(values, message):
     with pytest.raises(UsageError) as refused:
-        v.check_trainer_args(values)
+        trainer_args.check_trainer_args(values)
     assert str(refused.value) == message
 
 
@@ -227,7 +228,7 @@ def test_a_bad_trainer_argument_is_one_line(values, message):
     {"benchmark": True}, {"benchmark": None},
 ])
 def test_a_good_trainer_argument_passes_as_it_is(values):
-    assert v.check_trainer_args(values) == values
+    assert trainer_args.check_trainer_args(values) == values
 
 
 @pytest.mark.parametrize(("key", "values", "changes"), [
@@ -266,7 +267,7 @@ def test_the_trainers_own_default_is_what_a_value_is_compared_with():
     ({}, dict[str, int], True), ([], dict[str, int], False), (3, Any, True), (object(), int | str, False),
 ])
 def test_fits_takes_only_what_the_hint_allows(value, hint, fits):
-    assert v.fits(value, hint) is fits
+    assert trainer_args.fits(value, hint) is fits
 
 
 @pytest.mark.parametrize(("hint", "words"), [
@@ -277,7 +278,7 @@ def test_fits_takes_only_what_the_hint_allows(value, hint, fits):
     (object, "a Python object (set it in code)"),
 ])
 def test_a_hint_is_described_in_plain_words(hint, words):
-    assert v.describe(hint) == words
+    assert trainer_args.describe(hint) == words
 
 
 @pytest.mark.parametrize(("value", "typed"), [([8, 16], "8,16"), ((32,), "32"), (0.1, "0.1"), ("adamw", "adamw"),

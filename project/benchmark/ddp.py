@@ -98,7 +98,7 @@ def _template(data: BenchData, args: argparse.Namespace, steps: int, wait: DataW
     if not result.is_global_zero:
         return None
     return {"epoch_times": result.epoch_times, "test_acc": float(result.test_metrics["test/acc"]),
-            "steps_per_call": result.steps_per_call}
+            "steps_per_call": result.steps.k}
 
 
 def main() -> None:

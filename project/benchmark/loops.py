@@ -442,6 +442,6 @@ def template(args: argparse.Namespace, data: BenchData, steps_per_call: int | st
             result = train(config, data.recipe, datamodule=data.datamodule(per_sample), callbacks=callbacks)
     return {"epoch_times": result.epoch_times[1:], "warm_up_s": result.epoch_times[0],
             "wait_times": wait.epoch_waits[1:], "test_acc": float(result.test_metrics["test/acc"]),
-            "steps_per_call": result.steps_per_call, "optimizer_steps": result.optimizer_steps,
+            "steps_per_call": result.steps.k, "optimizer_steps": result.optimizer_steps,
             "cuda_graphs": result.steps.mode is StepMode.GRAPHS,
             "syncs_per_step": syncs_in(caught) / max(result.optimizer_steps, 1)}

@@ -12,7 +12,6 @@ from typing import Any, NoReturn
 from project import __version__
 from project.config.schema import (
     RunConfig,
-    load_yaml,
     resolve_config_and_given,
     settings_of,
 )
@@ -139,6 +138,8 @@ def parse_run_command(recipe: Recipe, argv: Sequence[str] | None = None) -> tupl
         if config_file is not None and not config_file.strip():
             raise UsageError("--config: needs a YAML file or a preset's name, got an empty one")
         if config_file:
+            from project.config.yaml_files import load_yaml
+
             layers.append((load_yaml(config_path(config_file, recipe), f"--config {config_file}"),
                            f"--config {config_file}"))
         layers.append(({**given, "trainer": trainer}, ""))

@@ -10,7 +10,6 @@ environment. Imports nothing heavy, so ``--help`` stays instant.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from typing import Any
 
 from project import EVAL_BATCH_SIZE, LOGGERS, OPTIMIZERS, SCHEDULERS
 from project.config.validators import (
-    check_trainer_args,
     count_or_auto,
     devices_spec,
     flag,
@@ -40,7 +38,7 @@ from project.config.validators import (
     top_k,
 )
 from project.contract import Recipe, RecipeError
-from project.errors import UsageError, first_line, not_a_regular_file
+from project.errors import UsageError
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = ("32", "32-true", "64", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
@@ -221,7 +219,7 @@ class RunConfig:
                 if not isinstance(value, Mapping):
                     raise UsageError(f"RunConfig.replace(trainer=...): expected a mapping of Trainer arguments, got "
                                      f"{type(value).__name__}")
-                checked[name] = check_trainer_args(dict(value)) if value else {}
+                checked[name] = _trainer_args_checked(dict(value))
             elif name in ENGINE_SETTINGS:
                 checked[name] = _check(ENGINE_SETTINGS[name], value, f"RunConfig.replace({name}=...)")
             else:
@@ -308,77 +306,6 @@ TRAINER_SETTINGS = ("accelerator", "devices", "num_nodes", "strategy", "precisio
                     "detect_anomaly", "fast_dev_run", "log_every_n_steps")
 
 
-def load_yaml(path: str, label: str, expected: str = "a mapping of flag names to values") -> dict[str, Any]:
-    """A YAML file that must hold a mapping; any problem is one line starting with ``label``."""
-    import yaml
-
-    problem = not_a_regular_file(Path(path))
-    if problem:
-        raise UsageError(f"{label}: {problem}")
-    try:
-        with open(path, encoding="utf-8") as stream:
-            document = yaml.load(stream, Loader=_unique_keys_loader()) or {}  # a SafeLoader
-    except DuplicateKey as err:
-        raise UsageError(f"{label}: {shown(err.key)} is given twice (line {err.line}); keep one") from None
-    except OSError as err:
-        raise UsageError(f"{label}: cannot read it ({err.strerror or err})") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{label}: not UTF-8 text (save it as UTF-8)") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"{label}: not valid YAML ({first_line(err)})") from None
-    except RecursionError:
-        raise UsageError(f"{label}: nested too deeply to be a config file") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{label}: expected {expected}")
-    if _expanded_size(document, MAX_VALUES) > MAX_VALUES:
-        raise UsageError(f"{label}: expands to more than {MAX_VALUES:,} values (YAML aliases); write the values out")
-    return document
-
-
-MAX_VALUES = 10_000  # far more than any config or search space holds; an alias bomb expands to billions
-
-
-class DuplicateKey(Exception):
-    """A mapping in a YAML file that gives one key twice: YAML's loaders keep the last silently."""
-
-    def __init__(self, key: Any, line: int) -> None:
-        super().__init__(key)
-        self.key, self.line = key, line
-
-
-@functools.cache
-def _unique_keys_loader() -> Any:
-    """PyYAML's ``SafeLoader``, refusing a key given twice in one mapping."""
-    import yaml
-
-    class UniqueKeys(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:  # the mapping's own keys: a merged one (<<) may be overridden
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node)
-                if key in seen:
-                    raise DuplicateKey(key, key_node.start_mark.line + 1)
-                seen.add(key)
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeys
-
-
-def _expanded_size(value: Any, limit: int) -> int:
-    """How many values ``value`` holds once its aliases are expanded, counting no further than past ``limit``."""
-    count, stack = 0, [value]
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack += [*item.keys(), *item.values()]
-        elif isinstance(item, (list, tuple)):
-            stack += list(item)
-    return count
-
-
 def resolve_config(layers: list[tuple[Mapping[str, Any], str]], recipe: Recipe) -> RunConfig:
     """A ``RunConfig`` of ``recipe`` from layers of values, each overriding the ones before it and the recipe's
     defaults.
@@ -389,6 +316,15 @@ def resolve_config(layers: list[tuple[Mapping[str, Any], str]], recipe: Recipe) 
     that gives both differently is refused.
     """
     return resolve_config_and_given(layers, recipe)[0]
+
+
+def _trainer_args_checked(values: dict[str, Any]) -> dict[str, Any]:
+    """``--trainer.*`` values checked (``trainer_args.py``, loaded for a run given one)."""
+    if not values:
+        return {}
+    from project.config.trainer_args import check_trainer_args
+
+    return check_trainer_args(values)
 
 
 def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
@@ -406,8 +342,7 @@ def resolve_config_and_given(layers: list[tuple[Mapping[str, Any], str]],
         given.update(layer)
         settings.update(layer)
         passthrough.update(trainer)
-    if passthrough:
-        passthrough = check_trainer_args(passthrough)
+    passthrough = _trainer_args_checked(passthrough)
     options = {name: settings.pop(name) for name in recipe.options}
     config = RunConfig(**settings, options=options, trainer=passthrough)
     return config, frozenset([*given, *(f"trainer.{key}" for key in passthrough)])

@@ -4,8 +4,10 @@ heavy: every ``--help`` answers at once."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from project import SWEEP_SAMPLERS, SWEEP_STORAGE
 from project.config.cli import OneLineParser, argparse_type
@@ -13,14 +15,43 @@ from project.config.schema import ACCELERATORS, PRECISIONS
 from project.config.validators import (
     count_or_auto,
     folder_name,
-    image_file,
     non_negative_int,
     one_of,
-    output_folder,
     positive_int,
+    shown,
     size_or_share,
+    text,
 )
 from project.contract import Recipe
+
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what the figures' files can be (matplotlib writes them)
+
+
+def _writable_folder(folder: Any, what: str) -> None:
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {what} in {folder} ({existing} is not a folder this user can write in)")
+
+
+def image_file(value: Any) -> str:
+    """A figure's file: a suffix matplotlib writes, in a folder that exists and can be written."""
+    path = Path(text(value))
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"{shown(str(path))}: name a {', '.join(IMAGE_SUFFIXES)} file")
+    if not path.parent.is_dir():
+        raise ValueError(f"{shown(str(path))}: the folder {path.parent} does not exist")
+    _writable_folder(path.parent, "the figure")
+    return str(path)
+
+
+def output_folder(value: Any) -> str:
+    """A folder for a script's reports: it may not exist yet, but it must be possible to make and write."""
+    path = Path(text(value))
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{shown(str(path))}: is a file, not a folder")
+    _writable_folder(path, "the reports")
+    return str(path)
 
 
 def _tool_parser(prog: str, description: str | None) -> OneLineParser:

@@ -100,6 +100,24 @@ def schedule_table(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int)
     return table.to(device)
 
 
+def advance_schedule(scheduler: Any, steps: int) -> None:
+    """The host's scheduler moved on by ``steps`` optimizer steps taken on the device (its state is saved in
+    checkpoints, and sets the LR the run logs). One-cycle's and ``LambdaLR``'s LR is a function of the step
+    count: they jump there in one step."""
+    if scheduler is None or steps <= 0:
+        return
+    closed_form = isinstance(scheduler, (torch.optim.lr_scheduler.OneCycleLR, torch.optim.lr_scheduler.LambdaLR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if closed_form:
+            scheduler.last_epoch += steps - 1
+            internals.count_scheduler_steps(scheduler, steps - 1)
+            scheduler.step()
+        else:
+            for _ in range(steps):
+                scheduler.step()
+
+
 @dataclass(frozen=True)
 class LossScale:
     """GradScaler's loss scale, growth tracker and overflow flag as device tensors a captured step updates in

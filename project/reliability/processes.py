@@ -1,19 +1,13 @@
-"""The processes of a run: how they stop on a signal, how they end together, and how a cluster takes them back.
+"""The processes of a run: how they stop on a signal, how they end together, how a cluster takes them back.
 
-A run stops on SIGTERM, Ctrl-C, SIGHUP or SLURM's SIGUSR1 at a point it can resume from exactly, the same
-step on every rank. The signal handler only notes the signal; the run acts on it at safe points: after a
-training step (when no validation is due), after the epoch's validation (the epoch-end ``last.ckpt`` is
-then the resume point), or between the run's phases (fit, test, export). A validation is never cut in
-half, so a resumed run validates exactly when the uninterrupted one did. Under DDP the ranks agree (an
-all-reduce of what each saw) before any of them stops, so a signal to any one rank stops them all after
-the same step. A second Ctrl-C stops at once.
-
-A DDP job's ranks all end within seconds when one fails, and each ends cleanly when the run finished;
-a process started for a run (a rank, a sweep worker) dies with its parent. Under SLURM,
-``slurm/train.sbatch`` runs ``train.py`` with ``--run-version job_<id> --resume auto`` under
-``--signal=USR1@120 --requeue``: on SIGUSR1 the run stops at its next resume point, rank 0 asks
-``scontrol requeue`` for the job, and the requeued job (same id, same folder) resumes from its
-``last.ckpt``. Lightning's own auto-requeue saves inside the signal handler; it is switched off.
+SIGTERM, Ctrl-C, SIGHUP and SLURM's SIGUSR1 are only noted by the handler; the run stops at the next point it
+can resume from exactly (after a step with no validation due, after the epoch's validation, between phases),
+the same step on every rank: under DDP the ranks agree by an all-reduce first. A second Ctrl-C stops at once.
+A DDP job's ranks all end within seconds when one fails, and each ends cleanly when the run finished; a process
+started for a run (a rank, a sweep worker) dies with its parent. Under SLURM (``slurm/train.sbatch``: ``--resume
+auto``, ``--signal=USR1@120 --requeue``) SIGUSR1 stops the run, rank 0 asks ``scontrol requeue`` for the job,
+and the requeued job resumes from its ``last.ckpt``; Lightning's own auto-requeue, which saves inside the signal
+handler, is switched off.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
@@ -39,6 +40,22 @@ class Resume:
     def auto_steps_per_call(self) -> int | None:
         """The K that ``auto`` chose for the run this one resumes (None: it was asked for, or not recorded)."""
         return self.steps_per_call if self.record.get("config", {}).get("steps_per_call") == "auto" else None
+
+    def check_fits(self, model: L.LightningModule) -> None:
+        """Its weights fit this run's model and are finite (a run that diverged into its checkpoint cannot
+        continue): one line each, before the run starts."""
+        state = read_checkpoint(self.path)["state_dict"]
+        mine = model.state_dict()
+        unfit = next((key for key, value in state.items() if key in mine and value.shape != mine[key].shape), None)
+        if unfit is not None or not set(mine) >= {k for k in state if k.startswith("model.")}:
+            where = f" ({unfit}: {tuple(state[unfit].shape)} in it, {tuple(mine[unfit].shape)} here)" if unfit else ""
+            raise UserError(f"{self.path}: its weights do not fit this model{where}; resume with the settings it was "
+                            "trained with")
+        broken = next((key for key, value in state.items() if value.is_floating_point() and
+                       not bool(torch.isfinite(value).all())), None)
+        if broken is not None:
+            raise UserError(f"{self.path}: its weights are not finite ({broken}): the run diverged before this "
+                            "checkpoint; resume from an earlier one, or start again with a lower --lr")
 
     @property
     def run_folder(self) -> Path | None:

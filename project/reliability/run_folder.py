@@ -688,7 +688,7 @@ class RunFolder:
     def write_results(self, results: dict[str, Any]) -> Path:
         """The run's numbers for machines: full precision, unlike the printed summary."""
         values = {k: float(v) if hasattr(v, "item") else v for k, v in results.items()}
-        path = self.path / "results.json"
+        path = self.path / RESULTS
         path.write_text(json.dumps(redact_values(values), indent=2))
         return path
 

@@ -20,8 +20,9 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from sqlalchemy.exc import SQLAlchemyError
 
-from project.config.schema import RunConfig, Setting, load_yaml, resolve_config, settings_of
+from project.config.schema import RunConfig, Setting, resolve_config, settings_of
 from project.config.validators import shown
+from project.config.yaml_files import load_yaml
 from project.contract import Recipe
 from project.errors import NonFiniteLossError, Terminated, UsageError, UserError, first_line
 from project.hardware.devices import expected_world_size

@@ -30,7 +30,7 @@ from project.hardware.devices import (
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.processes import DdpJobEnd, StopAtSafePoints, StopSignals, stop_signals
-from project.reliability.run_folder import RunFolder, last_checkpoint
+from project.reliability.run_folder import RESULTS, RunFolder, last_checkpoint
 from project.training.build import (
     OneFileTensorBoardLogger,
     build_datamodule,
@@ -77,10 +77,6 @@ class RunResult:
     config_file: Path | None = None
     lr_scaling: LrScaling | None = None
 
-    @property
-    def steps_per_call(self) -> int:
-        return self.steps.k
-
     def record(self) -> dict[str, object]:
         """``results.json``: the run's numbers at full precision (``weights`` is set once it is written)."""
         config = self.config
@@ -117,7 +113,7 @@ class RunResult:
                 f"last checkpoint  {self.last_checkpoint}",
                 f"weights          {self.weights}  ({self.weights_kind})",
                 f"config           {self.config_file}  (--config reproduces this run)",
-                f"results          {self.run_dir / 'results.json'}",
+                f"results          {self.run_dir / RESULTS}",
                 f"TensorBoard      {tensorboard_command()} --logdir {self.run_dir.parent}  (this run: "
                 f"{self.run_dir.name})",
             ]
@@ -221,7 +217,7 @@ def plan_run(asked: RunConfig, recipe: Recipe, given: TensorDataModule | None, t
 
         load_initial_weights(model, config, recipe)
     if resume is not None:
-        check_fits(model, resume)
+        resume.check_fits(model)
     if config.export_pt2:
         from project.results.export import check_exportable
 
@@ -271,23 +267,6 @@ def run_plan(plan: Plan, recipe: Recipe, folder: RunFolder | None, version: str 
         finally:
             close_loggers(trainer)
     return result
-
-
-def check_fits(model: L.LightningModule, resume: Resume) -> None:
-    """The checkpoint's weights fit this run's model and are finite (a run that diverged into its checkpoint
-    cannot continue): one line each, before the run starts."""
-    state = read_checkpoint(resume.path)["state_dict"]
-    mine = model.state_dict()
-    unfit = next((key for key, value in state.items() if key in mine and value.shape != mine[key].shape), None)
-    if unfit is not None or not set(mine) >= {k for k in state if k.startswith("model.")}:
-        where = f" ({unfit}: {tuple(state[unfit].shape)} in it, {tuple(mine[unfit].shape)} here)" if unfit else ""
-        raise UserError(f"{resume.path}: its weights do not fit this model{where}; resume with the settings it was "
-                        "trained with")
-    broken = next((key for key, value in state.items() if value.is_floating_point() and
-                   not bool(torch.isfinite(value).all())), None)
-    if broken is not None:
-        raise UserError(f"{resume.path}: its weights are not finite ({broken}): the run diverged before this "
-                        "checkpoint; resume from an earlier one, or start again with a lower --lr")
 
 
 def close_loggers(trainer: L.Trainer) -> None:

@@ -19,10 +19,9 @@ import copy
 import math
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -35,6 +34,9 @@ from project.errors import UsageError
 from project.hardware.devices import StepMode, capture_plan
 from project.training.callbacks import FetchClock, FetchProfiler, LoggedLossBar, log_every
 from project.training.tensor_data import EpochBatches, StepGroups, batches_of, tensor_datamodule
+
+if TYPE_CHECKING:
+    from project.hardware.device_step import StepRunner
 
 AUTO_MAX = 64
 # The fixed cost of one Lightning step (its loop, hooks and callbacks, the template's own): auto chooses K so that
@@ -154,9 +156,8 @@ class Stepper:
     def __init__(self, plan: StepPlan) -> None:
         self.plan = plan
         self.k = plan.steps.k  # optimizer steps per Lightning step, now: auto follows the run's step time
-        grouped_on_device = plan.grouped and plan.mode is not StepMode.OFF
-        self.runner = None
-        if grouped_on_device:
+        self.runner: StepRunner | None = None
+        if plan.grouped and plan.mode is not StepMode.OFF:
             from project.hardware.device_step import StepRunner  # device-side steps: loaded for a run that takes them
 
             self.runner = StepRunner(plan.mode, self._timed)
@@ -325,6 +326,8 @@ def run_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Tensor
     scheduler = module.lr_schedulers()
     losses = runner.run(module, group, batch_size) if runner is not None else None
     if losses is not None:
+        from project.hardware.device_step import advance_schedule  # loaded with the runner
+
         count_optimizer_steps(trainer, len(losses))
         advance_schedule(scheduler, len(losses) - 1)
         lr = _current_lr(optimizer)
@@ -365,24 +368,6 @@ def _eager_steps(module: L.LightningModule, group: tuple[torch.Tensor, torch.Ten
             scheduler.step()
         losses.append(loss.detach())
     return torch.stack(losses), lr
-
-
-def advance_schedule(scheduler: Any, steps: int) -> None:
-    """The host's scheduler moved on by ``steps`` optimizer steps taken on the device (its state is saved in
-    checkpoints, and sets the LR the run logs). One-cycle's and ``LambdaLR``'s LR is a function of the step
-    count: they jump there in one step."""
-    if scheduler is None or steps <= 0:
-        return
-    closed_form = isinstance(scheduler, (torch.optim.lr_scheduler.OneCycleLR, torch.optim.lr_scheduler.LambdaLR))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if closed_form:
-            scheduler.last_epoch += steps - 1
-            internals.count_scheduler_steps(scheduler, steps - 1)
-            scheduler.step()
-        else:
-            for _ in range(steps):
-                scheduler.step()
 
 
 def _current_lr(optimizer: Any) -> Any:
