@@ -42,8 +42,8 @@ MUTANTS = (
            '(parent / f"version_{number}").mkdir(exist_ok=True)',
            ("tests/test_restarts.py::test_runs_that_choose_the_same_folder_at_the_same_moment_claim_two",)),
     Mutant("stop-skips-a-due-validation", "a stop never skips a validation that is due",
-           "project/reliability/processes.py", "if self._agreed(trainer) and not validation_due(trainer):",
-           "if self._agreed(trainer):",
+           "project/reliability/processes.py", "if due and self._agreed(trainer) and not validation_due(trainer):",
+           "if due and self._agreed(trainer):",
            ("tests/test_restarts.py::test_a_stop_at_an_epochs_last_step_waits_for_its_validation",)),
     Mutant("evaluate-without-log-softmax", "evaluate and predict give a logits recipe's loss and probabilities",
            "project/results/evaluation.py",
@@ -781,6 +781,12 @@ MUTANTS = (
            'from project.training.callbacks import log_every\n',
            ("tests/test_engine_size.py::test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included"
             "[project.recipe-project/recipe/]",)),
+    Mutant('ddp-agrees-every-step', "under DDP the ranks compare what they saw every few steps, not at every step",
+           'project/reliability/processes.py',
+           '        due = trainer.world_size == 1 or trainer.global_step % AGREE_EVERY == 0\n',
+           '        due = True\n',
+           ("tests/test_stop_signals.py::test_under_ddp_the_ranks_compare_every_few_steps_and_stop_at_the_first_"
+            "comparison",)),
 )
 
 

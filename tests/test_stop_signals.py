@@ -153,3 +153,44 @@ def test_ranks_stop_together_when_any_of_them_saw_a_signal(monkeypatch, here, el
     trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu")))
     assert StopAtSafePoints(signals)._agreed(trainer) is stops
     assert signals.received == ({True: signal.SIGHUP, False: signal.SIGTERM if stops else None}[here])
+
+
+def test_under_ddp_the_ranks_compare_every_few_steps_and_stop_at_the_first_comparison(monkeypatch):
+    """An all-reduce costs a gloo rank about a small model's step: the ranks compare what they saw every AGREE_EVERY
+    steps (all at the same steps), and at every epoch's end; one process alone checks every step, for nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from project import internals
+    from project.reliability import processes
+
+    compared, stopped = [], []
+    other_rank_saw = {"from": 3}  # the other rank got SIGTERM during step 3
+
+    def all_reduce(flag, op):
+        compared.append(trainer.global_step)
+        flag.copy_(torch.maximum(flag, torch.tensor([int(trainer.global_step >= other_rank_saw["from"])])))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(processes, "validation_due", lambda trainer: False)
+    monkeypatch.setattr(internals, "stop_as_on_sigterm", lambda trainer: stopped.append(trainer.global_step))
+    trainer = SimpleNamespace(world_size=2, global_step=0, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    stopper = processes.StopAtSafePoints(StopSignals())
+    for step in range(1, 2 * processes.AGREE_EVERY + 1):
+        trainer.global_step = step
+        stopper.on_train_batch_end(trainer, None, None, None, step - 1)
+        if stopped:
+            break
+    assert compared == stopped == [processes.AGREE_EVERY] and stopper.stopped_at == processes.AGREE_EVERY
+    assert stopper.signals.received == signal.SIGTERM  # as the other rank saw
+    compared.clear()
+    trainer.global_step = processes.AGREE_EVERY + 3
+    stopper.on_train_epoch_end(trainer, None)  # an epoch's end is always a comparison
+    assert compared == [processes.AGREE_EVERY + 3] and stopper.stopped_at == processes.AGREE_EVERY + 3
+
+    alone = processes.StopAtSafePoints(noted(signal.SIGTERM))
+    stopped.clear()
+    trainer.world_size, trainer.global_step = 1, 3
+    alone.on_train_batch_end(trainer, None, None, None, 2)
+    assert stopped == [3] and alone.stopped_at == 3  # no comparison to wait for

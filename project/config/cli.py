@@ -10,17 +10,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from project import __version__
-from project.config.schema import (
-    RunConfig,
-    resolve_config_and_given,
-    settings_of,
-)
-from project.config.validators import (
-    flag,
-    flag_or_auto,
-    flag_value,
-    parse_text,
-)
+from project.config.schema import RunConfig, resolve_config_and_given, settings_of
+from project.config.validators import flag, flag_or_auto, flag_value, parse_text
 from project.contract import Recipe
 from project.errors import UsageError, hide_credentials_of, redact, terminal_safe
 

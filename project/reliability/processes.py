@@ -2,12 +2,12 @@
 
 SIGTERM, Ctrl-C, SIGHUP and SLURM's SIGUSR1 are only noted by the handler; the run stops at the next point it
 can resume from exactly (after a step with no validation due, after the epoch's validation, between phases),
-the same step on every rank: under DDP the ranks agree by an all-reduce first. A second Ctrl-C stops at once.
-A DDP job's ranks all end within seconds when one fails, and each ends cleanly when the run finished; a process
-started for a run (a rank, a sweep worker) dies with its parent. Under SLURM (``slurm/train.sbatch``: ``--resume
-auto``, ``--signal=USR1@120 --requeue``) SIGUSR1 stops the run, rank 0 asks ``scontrol requeue`` for the job,
-and the requeued job resumes from its ``last.ckpt``; Lightning's own auto-requeue, which saves inside the signal
-handler, is switched off.
+the same step on every rank: under DDP the ranks agree by an all-reduce (every ``AGREE_EVERY`` steps) first.
+A second Ctrl-C stops at once. A DDP job's ranks all end within seconds when one fails, and each ends cleanly
+when the run finished; a process started for a run (a rank, a sweep worker) dies with its parent. Under SLURM
+(``slurm/train.sbatch``: ``--resume auto``, ``--signal=USR1@120 --requeue``) SIGUSR1 stops the run, rank 0
+asks ``scontrol requeue`` for the job, and the requeued job resumes from its ``last.ckpt``; Lightning's own
+auto-requeue, which saves inside the signal handler, is switched off.
 """
 
 from __future__ import annotations
@@ -168,6 +168,9 @@ def exit_status(code: int | None) -> str:
 # SIGUSR1: SLURM's warning before a time limit (sbatch --signal=USR1@SECONDS); the job requeues itself.
 # SIGHUP: the terminal went away (a closed window, a dropped ssh session).
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGUSR1: "SIGUSR1", signal.SIGHUP: "SIGHUP"}
+# Under DDP the ranks compare what they saw every so many steps, not every step: the all-reduce costs a gloo rank on
+# a small CPU about a millisecond, as long as a small model's whole step. A stop waits at most this many steps.
+AGREE_EVERY = 8
 
 
 class StopSignals:
@@ -259,7 +262,8 @@ class StopAtSafePoints(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._agreed(trainer) and not validation_due(trainer):
+        due = trainer.world_size == 1 or trainer.global_step % AGREE_EVERY == 0
+        if due and self._agreed(trainer) and not validation_due(trainer):
             self.stopped_at = trainer.global_step
             # Lightning's own stop: it raises SIGTERMException once this step's metrics are logged.
             internals.stop_as_on_sigterm(trainer)
@@ -275,6 +279,7 @@ class StopAtSafePoints(Callback):
             return seen
         flag = torch.tensor([int(seen)], device=trainer.strategy.root_device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() and not seen:
+        agreed = bool(flag.item())
+        if agreed and not seen:
             self.signals.received = signal.SIGTERM  # another rank got it
-        return bool(flag.item())
+        return agreed

@@ -29,7 +29,7 @@ PARSE_EACH = """
 import json, sys
 from pathlib import Path
 import yaml
-from project.config import cli
+from project.config import cli, tool_args
 from project.contract import installed_recipe
 recipe = installed_recipe()
 refused = {}
@@ -44,7 +44,7 @@ for where, script, argv in json.loads(sys.argv[1]):
         if script == "train":
             cli.parse_run_command(recipe, argv)
         elif script == "plot_scalars":
-            cli.parse_plot_scalars_args(None, ())
+            tool_args.parse_plot_scalars_args(None, ())
         elif script == "install_torch":  # runs before torch is installed: its parser is its own
             import importlib.util, project
             where_ = Path(project.__file__).parents[1] / "scripts" / "install_torch.py"
@@ -54,9 +54,9 @@ for where, script, argv in json.loads(sys.argv[1]):
             spec.loader.exec_module(module)
             module.parser().parse_args(argv)
         elif script in ("check_gpu", "check_recipe", "engine_size", "new_recipe"):
-            getattr(cli, f"parse_{script}_args")(None)
+            getattr(tool_args, f"parse_{script}_args")(None)
         else:
-            getattr(cli, f"parse_{script}_args")(recipe, None)
+            getattr(tool_args, f"parse_{script}_args")(recipe, None)
     except SystemExit as stop:  # --help exits 0; a refused command exits 2 after its one line
         if stop.code != 0:
             refused[where] = f"scripts/{script}.py {' '.join(argv)}"
