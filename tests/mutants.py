@@ -787,6 +787,12 @@ MUTANTS = (
            '        due = True\n',
            ("tests/test_stop_signals.py::test_under_ddp_the_ranks_compare_every_few_steps_and_stop_at_the_first_"
             "comparison",)),
+    Mutant('resume-reads-its-checkpoint-twice', "a resume reads its checkpoint once before the run",
+           'project/reliability/resume.py',
+           '        mine = {key: tuple(value.shape) for key, value in model.state_dict().items()}\n',
+           '        read_checkpoint(self.path)\n'
+           '        mine = {key: tuple(value.shape) for key, value in model.state_dict().items()}\n',
+           ("tests/test_choosing_runs.py::test_a_resume_reads_its_checkpoint_once_before_the_run",)),
 )
 
 

@@ -230,6 +230,21 @@ def test_resume_refusals_for_a_broken_or_foreign_checkpoint(data, tmp_path):
         train(tiny_config(data, tmp_path, resume=str(foreign), **SHORT))
 
 
+def test_a_resume_reads_its_checkpoint_once_before_the_run(data, tmp_path, monkeypatch):
+    """Its settings, its data position and its weights' fit are all checked from one read of the file (Lightning's
+    own load, which restores the state, is the other)."""
+    from project.reliability import resume
+
+    result = train(tiny_config(data, tmp_path, scheduler="none", **SHORT))  # no fixed-length schedule: it can go on
+    reads = []
+    read = resume.read_checkpoint
+    monkeypatch.setattr(resume, "read_checkpoint", lambda path, *args, **kw: reads.append(path) or read(path, *args,
+                                                                                                           **kw))
+    train(tiny_config(data, tmp_path, scheduler="none", resume=result.last_checkpoint, **{**SHORT, "max_epochs": 3}),
+          test=False)
+    assert reads == [Path(result.last_checkpoint)]
+
+
 def test_the_default_given_explicitly_is_no_change_of_settings(tmp_path):
     from project.config.schema import RunConfig
     from project.reliability.resume import check_same_training

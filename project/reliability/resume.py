@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class Resume:
     record: dict[str, Any]  # checkpoint["run_record"]: the settings its run trained with, and its K
     steps_per_call: int | None
     global_step: int
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # of its weights, as read once
+    not_finite: str | None = None  # its first weight holding a NaN or an infinity
 
     def auto_steps_per_call(self) -> int | None:
         """The K that ``auto`` chose for the run this one resumes (None: it was asked for, or not recorded)."""
@@ -43,19 +45,16 @@ class Resume:
 
     def check_fits(self, model: L.LightningModule) -> None:
         """Its weights fit this run's model and are finite (a run that diverged into its checkpoint cannot
-        continue): one line each, before the run starts."""
-        state = read_checkpoint(self.path)["state_dict"]
-        mine = model.state_dict()
-        unfit = next((key for key, value in state.items() if key in mine and value.shape != mine[key].shape), None)
-        if unfit is not None or not set(mine) >= {k for k in state if k.startswith("model.")}:
-            where = f" ({unfit}: {tuple(state[unfit].shape)} in it, {tuple(mine[unfit].shape)} here)" if unfit else ""
+        continue): one line each, before the run starts, from what was read of the file at once."""
+        mine = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+        unfit = next((key for key, shape in self.shapes.items() if key in mine and shape != mine[key]), None)
+        if unfit is not None or not set(mine) >= {key for key in self.shapes if key.startswith("model.")}:
+            where = f" ({unfit}: {self.shapes[unfit]} in it, {mine[unfit]} here)" if unfit else ""
             raise UserError(f"{self.path}: its weights do not fit this model{where}; resume with the settings it was "
                             "trained with")
-        broken = next((key for key, value in state.items() if value.is_floating_point() and
-                       not bool(torch.isfinite(value).all())), None)
-        if broken is not None:
-            raise UserError(f"{self.path}: its weights are not finite ({broken}): the run diverged before this "
-                            "checkpoint; resume from an earlier one, or start again with a lower --lr")
+        if self.not_finite is not None:
+            raise UserError(f"{self.path}: its weights are not finite ({self.not_finite}): the run diverged before "
+                            "this checkpoint; resume from an earlier one, or start again with a lower --lr")
 
     @property
     def run_folder(self) -> Path | None:
@@ -91,7 +90,11 @@ def checkpoint_to_resume(config: RunConfig, recipe: Recipe, planned_steps: int |
     total = schedules[0].get("total_steps")
     if total is not None and planned_steps is not None:
         check_schedule_length(total, planned_steps)
-    return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)))
+    state = checkpoint["state_dict"]
+    not_finite = next((key for key, value in state.items() if value.is_floating_point() and
+                       not bool(torch.isfinite(value).all())), None)
+    return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)),
+                  {key: tuple(value.shape) for key, value in state.items()}, not_finite)
 
 
 def check_schedule_length(saved_total: int, planned: int) -> None:
