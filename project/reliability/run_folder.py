@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # runs.py lists run folders without importing torch or Lightn
 
 RUN_RECORD = "run.json"
 RESULTS = "results.json"
+CONFIG = "config.yaml"  # the settings as trained: --config reads it back to the same run
+WEIGHTS = "model.pth"  # the exported weights, unless --export names another file
 LOCK = ".run.lock"
 CHECKPOINTS = "checkpoints"  # a run's checkpoint folder (Lightning's default place for them)
 LAST = "last"  # last.ckpt: the newest training state, what a resume reads
@@ -372,7 +374,7 @@ def _has(run: RunInfo, need: str) -> bool:
 
 
 def _is_run(folder: Path) -> bool:
-    return any((folder / marker).exists() for marker in (RUN_RECORD, CHECKPOINTS, "config.yaml", RESULTS))
+    return any((folder / marker).exists() for marker in (RUN_RECORD, CHECKPOINTS, CONFIG, RESULTS))
 
 
 def _first_written(folder: Path) -> float:
@@ -382,7 +384,7 @@ def _first_written(folder: Path) -> float:
 
 
 def _limits_from_config(folder: Path) -> list[str]:
-    path = folder / "config.yaml"
+    path = folder / CONFIG
     text = path.read_text(errors="replace") if path.is_file() else ""
     return [key for key in LIMITS if f"{key}:" in text]
 
@@ -652,7 +654,7 @@ class RunFolder:
         if config.run_version and named.exists() and is_rank_zero() and not config.resume:
             raise UsageError(f"--run-version {config.run_version}: {named} exists; runs never share a folder, "
                              "choose another (or continue it with --resume)")
-        exports = (("--export", config.export, "model.pth"), ("--export-pt2", config.export_pt2, "model.pt2"))
+        exports = (("--export", config.export, WEIGHTS), ("--export-pt2", config.export_pt2, "model.pt2"))
         for flag, value, example in exports:
             if not value:
                 continue
@@ -668,7 +670,7 @@ class RunFolder:
         are for (``--config`` of another recipe's file is refused)."""
         import yaml
 
-        path = self.path / "config.yaml"
+        path = self.path / CONFIG
         path.parent.mkdir(parents=True, exist_ok=True)
         mapping = {**({"recipe": recipe} if recipe else {}), **config.to_mapping()}
         path.write_text(yaml.safe_dump(redact_values(mapping), sort_keys=False))
@@ -680,7 +682,7 @@ class RunFolder:
         import yaml
 
         try:
-            saved = yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8"))
+            saved = yaml.safe_load((self.path / CONFIG).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return {}
         return saved if isinstance(saved, dict) else {}

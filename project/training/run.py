@@ -30,7 +30,7 @@ from project.hardware.devices import (
 )
 from project.reliability.checkpointing import LastCheckpoint, RunRecord, read_checkpoint
 from project.reliability.processes import DdpJobEnd, StopAtSafePoints, StopSignals, stop_signals
-from project.reliability.run_folder import RESULTS, RunFolder, last_checkpoint
+from project.reliability.run_folder import RESULTS, WEIGHTS, RunFolder, last_checkpoint
 from project.training.build import (
     OneFileTensorBoardLogger,
     build_datamodule,
@@ -343,7 +343,7 @@ def checkpoint_paths(trainer: L.Trainer) -> tuple[str | None, str | None, float]
 def write_outputs(trainer: L.Trainer, model: ClassifierModule, result: RunResult, folder: RunFolder) -> None:
     """``model.pth`` (and ``.pt2``), HPARAMS with the real results, and the final ``results.json``; rank 0 only."""
     config = result.config
-    result.weights, result.weights_kind = model.export_weights(config.export or folder.path / "model.pth")
+    result.weights, result.weights_kind = model.export_weights(config.export or folder.path / WEIGHTS)
     if config.export_pt2:
         from project.results.export import save_program
 
