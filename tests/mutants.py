@@ -793,6 +793,12 @@ MUTANTS = (
            '        read_checkpoint(self.path)\n'
            '        mine = {key: tuple(value.shape) for key, value in model.state_dict().items()}\n',
            ("tests/test_choosing_runs.py::test_a_resume_reads_its_checkpoint_once_before_the_run",)),
+    Mutant('checkpoint-key-made-every-call', "the checkpoint callbacks' key, which names every hook call, is made once",
+           'project/reliability/checkpointing.py',
+           '    @functools.cached_property\n    def state_key(self) -> str:\n        """Made once:',
+           '    @property\n    def state_key(self) -> str:\n        """Made once:',
+           ("tests/test_resume_settings.py::test_the_checkpoint_callbacks_make_their_key_once_and_it_is_the_key_"
+            "lightning_would_make",)),
 )
 
 

@@ -226,3 +226,17 @@ def test_the_best_checkpoints_state_keeps_lightnings_key_so_older_runs_resume_wi
 
     settings = {"monitor": "val/acc", "mode": "max", "save_top_k": 2, "every_n_epochs": 1}
     assert BestCheckpoints(**settings).state_key == ModelCheckpoint(**settings).state_key
+
+
+def test_the_checkpoint_callbacks_make_their_key_once_and_it_is_the_key_lightning_would_make():
+    """Lightning names each of a training step's six hook calls by the callback's key, which ModelCheckpoint builds
+    from the repr of its settings every time: the engine's two make it once, the same key."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from project.reliability.checkpointing import BestCheckpoints, LastCheckpoint
+
+    best, last = BestCheckpoints(monitor="val/acc", mode="max"), LastCheckpoint(every_n_train_steps=5)
+    for callback in (best, last):
+        assert callback.state_key is callback.state_key
+    assert last.state_key == ModelCheckpoint.state_key.fget(last)  # type: ignore[attr-defined]
+    assert "'every_n_train_steps': 5" in last.state_key

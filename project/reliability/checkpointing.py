@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import tempfile
@@ -85,10 +86,10 @@ class BestCheckpoints(ModelCheckpoint):
         counted = {**metrics, "epoch": metrics["epoch"] + 1} if "epoch" in metrics else metrics
         return super().format_checkpoint_name(counted, filename, ver, prefix)
 
-    @property
+    @functools.cached_property
     def state_key(self) -> str:
         """``ModelCheckpoint``'s own key: a run checkpointed before these names counted from 1 resumes with its
-        best scores, which Lightning finds by this key."""
+        best scores, which Lightning finds by this key. Made once (see ``LastCheckpoint.state_key``)."""
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
 
@@ -105,6 +106,12 @@ class LastCheckpoint(ModelCheckpoint):
                          every_n_train_steps=every_n_train_steps)
         self.refresh_every_n_steps = every_n_train_steps
         self._started_at: int | None = None
+
+    @functools.cached_property
+    def state_key(self) -> str:
+        """Made once: Lightning names every hook call by it (six a training step), and ``ModelCheckpoint`` builds it
+        from the repr of its settings each time, which never change."""
+        return super().state_key
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
