@@ -92,7 +92,8 @@ def batches_done_this_epoch(trainer: Any) -> int:
 
 
 def validation_due(trainer: Any) -> bool:
-    """Lightning's own rule for whether it validates after this training step (no public form)."""
+    """Lightning's own rule for whether it validates after this training step, the epoch's last or at a
+    ``val_check_interval`` (no public form): no place to stop or to take a resume point."""
     loop = trainer.fit_loop.epoch_loop
     return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 

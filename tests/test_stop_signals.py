@@ -173,7 +173,7 @@ def test_under_ddp_the_ranks_compare_every_few_steps_and_stop_at_the_first_compa
         flag.copy_(torch.maximum(flag, torch.tensor([int(trainer.global_step >= other_rank_saw["from"])])))
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
-    monkeypatch.setattr(processes, "validation_due", lambda trainer: False)
+    monkeypatch.setattr(internals, "validation_due", lambda trainer: False)
     monkeypatch.setattr(internals, "stop_as_on_sigterm", lambda trainer: stopped.append(trainer.global_step))
     trainer = SimpleNamespace(world_size=2, global_step=0, strategy=SimpleNamespace(root_device=torch.device("cpu")))
     stopper = processes.StopAtSafePoints(StopSignals())

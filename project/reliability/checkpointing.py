@@ -71,12 +71,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
 
-def validation_due(trainer: L.Trainer) -> bool:
-    """Whether Lightning validates right after this training step (the epoch's last, or a val_check_interval):
-    no place to stop or to take a resume point."""
-    return internals.validation_due(trainer)
-
-
 class BestCheckpoints(ModelCheckpoint):
     """Lightning's best-k checkpoints, their names counting epochs from 1, as the progress lines and the summary
     count them (``best-epoch06-...`` is the sixth epoch's)."""
@@ -121,7 +115,7 @@ class LastCheckpoint(ModelCheckpoint):
                            batch_idx: int) -> None:
         # Not where a validation follows: resumed from there, Lightning would skip that validation.
         # The save after it (at the epoch's end) holds the same step, validated.
-        if self.refresh_every_n_steps and not validation_due(trainer):
+        if self.refresh_every_n_steps and not internals.validation_due(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -37,7 +37,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project import internals
 from project.errors import Terminated, UserError
-from project.reliability.checkpointing import validation_due
 
 # Set by the MPI launchers (Open MPI, MPICH/PMI, PMIx, MVAPICH) in the processes they start.
 MPI_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -263,7 +262,7 @@ class StopAtSafePoints(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         due = trainer.world_size == 1 or trainer.global_step % AGREE_EVERY == 0
-        if due and self._agreed(trainer) and not validation_due(trainer):
+        if due and self._agreed(trainer) and not internals.validation_due(trainer):
             self.stopped_at = trainer.global_step
             # Lightning's own stop: it raises SIGTERMException once this step's metrics are logged.
             internals.stop_as_on_sigterm(trainer)
