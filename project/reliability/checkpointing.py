@@ -228,6 +228,12 @@ def check_trained_by(checkpoint: dict[str, Any], path: Path, recipe: Recipe) -> 
                               f"{RECIPE_VARIABLE} names the recipe the scripts use")
 
 
+def non_finite_weight(state: dict[str, Any]) -> str | None:
+    """The first weight of a ``state_dict`` holding a NaN or an infinity: a checkpoint not to save, or to resume."""
+    return next((key for key, value in state.items() if value.is_floating_point() and
+                 not bool(torch.isfinite(value).all())), None)
+
+
 def check_schedule_length(saved_total: int, planned: int) -> None:
     """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
     if saved_total != planned:

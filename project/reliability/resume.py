@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project import internals
@@ -20,7 +19,13 @@ from project.config.validators import flag_value, same_trainer_value, trainer_de
 from project.contract import Recipe
 from project.errors import NothingToDo, UsageError, UserError
 from project.reliability import run_folder
-from project.reliability.checkpointing import check_trained_by, data_position, read_checkpoint
+from project.reliability.checkpointing import (
+    check_schedule_length,
+    check_trained_by,
+    data_position,
+    non_finite_weight,
+    read_checkpoint,
+)
 from project.reliability.run_folder import RunFolder, finished_results, remove_partial_files, roll_back_logs
 
 # What a resume must keep, as each setting says of itself (``setting(..., trains=True)``, ``TRAINER_ARGUMENTS``);
@@ -91,19 +96,8 @@ def checkpoint_to_resume(config: RunConfig, recipe: Recipe, planned_steps: int |
     if total is not None and planned_steps is not None:
         check_schedule_length(total, planned_steps)
     state = checkpoint["state_dict"]
-    not_finite = next((key for key, value in state.items() if value.is_floating_point() and
-                       not bool(torch.isfinite(value).all())), None)
     return Resume(Path(path), record, record.get("steps_per_call"), int(checkpoint.get("global_step", 0)),
-                  {key: tuple(value.shape) for key, value in state.items()}, not_finite)
-
-
-def check_schedule_length(saved_total: int, planned: int) -> None:
-    """A one-cycle or cosine schedule restored from a checkpoint must span the steps this run takes."""
-    if saved_total != planned:
-        raise UserError(
-            f"the checkpoint's LR schedule spans {saved_total} steps but these settings give {planned}; "
-            "resume with the settings it was trained with, or start a new run from its weights with --init-from"
-        )
+                  {key: tuple(value.shape) for key, value in state.items()}, non_finite_weight(state))
 
 
 def _checkpoint_named(config: RunConfig) -> Path | None:

@@ -19,7 +19,7 @@ from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from project.contract import DEFAULT_RECIPE
 from project.errors import NonFiniteLossError
 from project.hardware.devices import peak_memory_mb
-from project.reliability.checkpointing import check_schedule_length
+from project.reliability.checkpointing import check_schedule_length, non_finite_weight
 
 # Harmless for this template: the in-memory loader needs no workers, a small validation
 # set gives fewer batches than the logging interval, Lightning's own use of a torch API that
@@ -419,11 +419,10 @@ class FiniteLossGuard(Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         self._check(trainer)
-        broken = [name for name, value in checkpoint.get("state_dict", {}).items()
-                  if value.is_floating_point() and not bool(torch.isfinite(value).all())]
-        if broken:
+        broken = non_finite_weight(checkpoint.get("state_dict", {}))
+        if broken is not None:
             raise NonFiniteLossError(
-                f"weights became non-finite ({broken[0]}) by epoch {trainer.current_epoch}, step "
+                f"weights became non-finite ({broken}) by epoch {trainer.current_epoch}, step "
                 f"{trainer.global_step}; stopped before saving them (lower --lr, or try --precision 32); "
                 "the last good checkpoint is kept"
             )
