@@ -800,6 +800,16 @@ MUTANTS = (
            '    @property\n    def state_key(self) -> str:\n        """Made once:',
            ("tests/test_resume_settings.py::test_the_checkpoint_callbacks_make_their_key_once_and_it_is_the_key_"
             "lightning_would_make",)),
+    Mutant("cpu-steps-unfused", "the optimizers take torch's fused kernels on a CPU too (one pass over each weight)",
+           "project/training/classifier.py", 'FUSED_DEVICES = ("cuda", "cpu")', 'FUSED_DEVICES = ("cuda",)',
+           ("tests/test_recipe_options.py::test_the_optimizers_take_torchs_fused_kernels_on_a_cpu_too",)),
+    Mutant("fused-momentum-uninitialised", "SGD's momentum starts as zeros, so a skipped first step leaves no garbage",
+           "project/training/classifier.py", 'built.state[p]["momentum_buffer"] = torch.zeros_like(p)', "pass",
+           ("tests/test_recipe_options.py::test_the_optimizers_take_torchs_fused_kernels_on_a_cpu_too",)),
+    Mutant("unfused-row-fused", "the benchmark's hand-unfused row measures torch.optim's own kernels",
+           "project/benchmark/loops.py", 'fused_kernels=kind != "unfused")', "fused_kernels=True)",
+           ("tests/test_benchmark_rows.py::test_a_hand_loop_trains_every_sample_once_an_epoch_shuffled_over_its_whole_"
+            "schedule",)),
 )
 
 

@@ -51,6 +51,7 @@ class Seen:
         self.batches: list[torch.Tensor] = []
         self.tested: list[torch.Tensor] = []
         self.schedules: list[tuple[object, int]] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
         make_network, make_optimizer = bench.network, bench.optimizer
 
         def network():
@@ -59,9 +60,10 @@ class Seen:
                 lambda module, inputs: (self.batches if module.training else self.tested).append(inputs[0].clone()))
             return net, loss
 
-        def optimizer(net, total_steps, device):
-            made = make_optimizer(net, total_steps, device)
+        def optimizer(net, total_steps, device, **kwargs):
+            made = make_optimizer(net, total_steps, device, **kwargs)
             self.schedules.append((made[1], total_steps))
+            self.optimizers.append(made[0])
             return made
 
         monkeypatch.setattr(bench, "network", network)
@@ -212,7 +214,7 @@ def test_evaluate_counts_the_right_answers_over_every_batch_with_the_network_in_
     assert loops.evaluate(network, TensorPairs(inputs, labels), CPU, normalize=lambda x: x - 1) == (n // 4) / n
 
 
-@pytest.mark.parametrize("kind", ["hand", "samples", "article"])
+@pytest.mark.parametrize("kind", ["hand", "unfused", "samples", "article"])
 def test_a_hand_loop_trains_every_sample_once_an_epoch_shuffled_over_its_whole_schedule(kind, bench, monkeypatch):
     seen = Seen(bench, monkeypatch)
     NumberedEpochs(monkeypatch)
@@ -242,6 +244,8 @@ def test_a_hand_loop_trains_every_sample_once_an_epoch_shuffled_over_its_whole_s
     else:
         [(schedule, total)] = seen.schedules
         assert total == bench.steps(EPOCHS + 1, BATCH) and schedule.last_epoch == total
+        # the run's optimizer, with torch's fused kernels but in the row that measures what they save
+        assert seen.optimizers[0].defaults["fused"] is (None if kind == "unfused" else True)
     assert 0 <= result["test_acc"] <= 1
 
 

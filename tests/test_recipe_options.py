@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from helpers import tiny_config, tiny_run, train
+from project import OPTIMIZERS
 from project.config.schema import RunConfig
 from project.errors import UsageError, UserError
+from project.training import classifier
 from project.training.classifier import WarmupCosine, default_warmup
 from project.training.tensor_data import planned_steps, train_batches
 
@@ -123,3 +125,39 @@ def test_one_cycle_cycles_the_momentum_unless_it_is_zero(tiny_data: Path, tmp_pa
     assert max(seen.values) == pytest.approx(expected[1], abs=1e-3)
     if momentum:
         assert seen.values[0] == pytest.approx(0.95, abs=1e-3) and seen.values[-1] > seen.values[len(seen.values) // 2]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_optimizers_take_torchs_fused_kernels_on_a_cpu_too(name: str) -> None:
+    """One pass over each weight per step, where torch has the kernels; SGD's momentum starts as zeros, so a first
+    step that a loss scaler skips leaves nothing uninitialised behind."""
+    network = torch.nn.Linear(3, 2)
+    optimizer, _ = classifier.optimizer_and_schedule(network.parameters(), name, 0.1, 0.9, 0.0, "none", None, 10,
+                                                     torch.device("cpu"))
+    assert optimizer.defaults["fused"] is True
+    if name == "sgd":
+        assert all(torch.equal(optimizer.state[p]["momentum_buffer"], torch.zeros_like(p))
+                   for p in network.parameters())
+    assert classifier.OptimizerSettings(0.1, 0.9, 0.0, torch.device("meta"), False).fused is None  # torch's choice
+
+
+def test_a_first_step_the_loss_scaler_skips_leaves_fused_sgd_as_if_it_never_came() -> None:
+    """What a 16-mixed run's scaler does when the first steps overflow: skipped, they leave no trace."""
+    inputs = torch.linspace(-1, 1, 16).reshape(2, 8)
+    finals, scales = [], []
+    for skipped_first in (True, False):
+        torch.manual_seed(0)
+        network = torch.nn.Linear(8, 4)
+        optimizer, _ = classifier.optimizer_and_schedule(network.parameters(), "sgd", 0.1, 0.9, 5e-4, "none", None,
+                                                         10, torch.device("cpu"))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        for overflow in (True, False) if skipped_first else (False,):
+            loss = network(inputs).square().mean() * (math.inf if overflow else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        scales.append(scaler.get_scale())
+        finals.append([*network.parameters(), *(optimizer.state[p]["momentum_buffer"] for p in network.parameters())])
+    assert scales == [2.0**15, 2.0**16]  # the overflow was seen, and its step skipped
+    assert all(torch.isfinite(t).all() and torch.equal(a, t) for a, t in zip(*finals, strict=True))

@@ -141,11 +141,12 @@ class BenchData:
         """Optimizer steps in ``epochs`` epochs of these samples."""
         return epochs * batches_of(len(self.train), batch_size)
 
-    def optimizer(self, network: nn.Module, total_steps: int, device: torch.device) -> tuple[Any, Any]:
+    def optimizer(self, network: nn.Module, total_steps: int, device: torch.device,
+                  fused_kernels: bool = True) -> tuple[Any, Any]:
         """The run's default optimizer and schedule (what the template trains with), over ``total_steps``."""
         c = self.config
         return optimizer_and_schedule(network.parameters(), c.optimizer, c.lr, c.momentum, c.weight_decay,
-                                      c.scheduler, c.warmup_steps, total_steps, device)
+                                      c.scheduler, c.warmup_steps, total_steps, device, fused_kernels=fused_kernels)
 
 
 def bench_data(recipe: Recipe, args: argparse.Namespace, device: torch.device) -> BenchData:
@@ -209,9 +210,10 @@ def evaluate(network: nn.Module, test: TensorPairs, device: torch.device, normal
 def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precision: str,
               data: BenchData) -> dict[str, Any]:
     """A hand-written loop with the run's optimizer and schedule: ``"hand"``, lean, over tensors on the device
-    (batches by shuffled index); ``"samples"``, over the recipe's per-sample training split (for a folder of
-    images, its ``ImageFolder``) in a DataLoader with the run's workers, pinned memory on a GPU, normalised on the
-    device, augmented as the recipe augments, as a user writes it by hand;
+    (batches by shuffled index); ``"unfused"``, the same with torch.optim's own default kernels; ``"samples"``,
+    over the recipe's per-sample training split (for a folder of images, its ``ImageFolder``) in a DataLoader with
+    the run's workers, pinned memory on a GPU, normalised on the device, augmented as the recipe augments, as a
+    user writes it by hand;
     ``"article"``, the article's loop (a per-sample DataLoader, unnormalised inputs as the article feeds them, its
     plain SGD), fixed only to run."""
     network, loss_fn = data.network()
@@ -236,7 +238,8 @@ def hand_loop(kind: str, args: argparse.Namespace, device: torch.device, precisi
         def batches() -> Iterable:
             return loader
     else:
-        optimizer, scheduler = data.optimizer(network, data.steps(args.epochs + 1, args.batch_size), device)
+        optimizer, scheduler = data.optimizer(network, data.steps(args.epochs + 1, args.batch_size), device,
+                                              fused_kernels=kind != "unfused")
         inputs, labels = data.train.inputs.to(device), data.train.targets.to(device)
 
         def batches() -> Iterable:

@@ -31,6 +31,7 @@ from project.training.callbacks import quiet_lightning_info
 ROOT = Path(__file__).resolve().parents[2]  # the template's folder
 ROWS = {  # the references first: every row's ratios are known when it is printed
     "hand": "hand-written tensor loop",
+    "hand-unfused": "hand-written tensor loop, torch.optim unfused",
     "hand-graphs": "hand-written loop, CUDA graphs",
     "hand-samples": "hand-written loop, per-sample DataLoader",
     "article": "article loop (per-sample DataLoader, its plain SGD)",
@@ -44,8 +45,9 @@ ROWS = {  # the references first: every row's ratios are known when it is printe
     "template-ddp": "template DDP, 2 CPU processes (gloo)",
 }
 GPU_ROWS = ("hand-graphs", "template-graphs")  # CUDA graphs: on a GPU only
-# Run only when --only names them: minutes of compiling on a CPU; two processes each, launched by torchrun.
-OPT_IN_ROWS = ("template-compile", *ddp.ROWS)
+# Run only when --only names them: what fused optimizer kernels save; minutes of compiling on a CPU; two
+# processes each, launched by torchrun.
+OPT_IN_ROWS = ("hand-unfused", "template-compile", *ddp.ROWS)
 REFERENCES = {"vs_hand": ("hand", "vs hand-written"), "vs_hand_graphs": ("hand-graphs", "vs hand captured"),
               "vs_hand_samples": ("hand-samples", "vs hand per-sample"), "vs_bare": ("bare", "vs bare Lightning"),
               "vs_bare_ddp": ("bare-ddp", "vs bare DDP")}
@@ -61,6 +63,7 @@ def run_all(recipe: Recipe, args: argparse.Namespace, out: Path) -> dict[str, An
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "article": lambda: bench_loops.hand_loop("article", args, device, precision, data),
         "hand": lambda: bench_loops.hand_loop("hand", args, device, precision, data),
+        "hand-unfused": lambda: bench_loops.hand_loop("unfused", args, device, precision, data),
         "hand-samples": lambda: bench_loops.hand_loop("samples", args, device, precision, data),
         "hand-graphs": lambda: bench_loops.hand_graphs(args, device, precision, data),
         "bare": lambda: bench_loops.bare_lightning(args, device, precision, data),

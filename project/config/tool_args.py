@@ -168,8 +168,8 @@ def parse_benchmark_args(recipe: Recipe, description: str | None) -> argparse.Na
     parser.add_argument("--repeat", type=count, default=1, metavar="N",
                         help="run the rows N times, interleaved (hand, bare, template, hand, ...); each row's "
                              "time and ratios are the medians, the ratios with their range")
-    parser.add_argument("--only", default="all", help="rows to run: all (but template-compile), or e.g. "
-                        "hand,template-auto,template-compile")
+    parser.add_argument("--only", default="all", help="rows to run: all (but those only named run: hand-unfused, "
+                        "template-compile, bare-ddp, template-ddp), or e.g. hand,template-auto,template-compile")
     parser.add_argument("--time-to-accuracy", action="store_true",
                         help="also time the whole default scripts/train.py command, imports included")
     parser.add_argument("--out", default="benchmark-results", type=argparse_type(output_folder),

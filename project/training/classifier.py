@@ -55,6 +55,9 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+FUSED_DEVICES = ("cuda", "cpu")  # where torch's optimizers have fused kernels, fp32 to bf16 alike
+
+
 @dataclass(frozen=True)
 class OptimizerSettings:
     """What every optimizer builder is given: the run's settings, and where its steps run."""
@@ -64,12 +67,14 @@ class OptimizerSettings:
     weight_decay: float
     device: torch.device
     capturable: bool  # the step may be captured: an optimizer that can keeps its LR in a tensor there
+    fused_kernels: bool = True  # False: torch.optim's own default, the benchmark's hand-unfused reference
 
     @property
     def fused(self) -> bool | None:
-        """Fused kernels on a GPU: one launch per step, and GradScaler needs no host sync to skip a step (None:
-        torch's own choice)."""
-        return True if self.device.type == "cuda" else None
+        """Fused kernels where torch has them: one pass over each weight per step instead of several (the
+        benchmark's ``hand-unfused`` row measures the difference), and on a GPU one launch and no host sync for
+        GradScaler to skip a step (None elsewhere: torch's own choice)."""
+        return True if self.fused_kernels and self.device.type in FUSED_DEVICES else None
 
 
 def _sgd(parameters: Any, s: OptimizerSettings) -> torch.optim.Optimizer:
@@ -143,14 +148,15 @@ if _DISAGREE:  # at import, in one line: before any run could train with somethi
 
 def optimizer_and_schedule(parameters: Any, optimizer: str, lr: float, momentum: float, weight_decay: float,
                            scheduler: str, warmup_steps: int | None, total_steps: int, device: torch.device,
-                           capturable: bool = False) -> tuple[torch.optim.Optimizer, Any]:
+                           capturable: bool = False, fused_kernels: bool = True) -> tuple[torch.optim.Optimizer, Any]:
     """The run's optimizer and its per-step LR schedule (None for ``none``); the benchmark's loops use it too.
 
     ``capturable``: the steps may be captured (Adam and AdamW then read the LR from a tensor the step fills).
+    ``fused_kernels``: False for torch.optim's own default (the benchmark's reference of what fusing saves).
     """
     build = registered(OPTIMIZER_BUILDERS, optimizer, "--optimizer")
     schedule = registered(SCHEDULE_BUILDERS, scheduler, "--scheduler")
-    built = build(parameters, OptimizerSettings(lr, momentum, weight_decay, device, capturable))
+    built = build(parameters, OptimizerSettings(lr, momentum, weight_decay, device, capturable, fused_kernels))
     return built, schedule(built, ScheduleSettings(optimizer, lr, momentum, warmup_steps, total_steps))
 
 
