@@ -810,6 +810,10 @@ MUTANTS = (
            "project/benchmark/loops.py", 'fused_kernels=kind != "unfused")', "fused_kernels=True)",
            ("tests/test_benchmark_rows.py::test_a_hand_loop_trains_every_sample_once_an_epoch_shuffled_over_its_whole_"
             "schedule",)),
+    Mutant("default-run-loads-the-photo-reader", "a training run loads what it runs, not predict.py's photo reader",
+           "project/recipe/data.py", "from project.api import TensorDataModule\n",
+           "from project.api import TensorDataModule\nfrom project.recipe.digits import load_digit  # noqa: F401\n",
+           ("tests/test_engine_size.py::test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included",)),
 )
 
 

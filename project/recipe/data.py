@@ -8,7 +8,6 @@ import torch
 from torchvision import datasets, transforms
 
 from project.api import TensorDataModule
-from project.recipe.digits import load_digit
 from project.recipe.mnist_files import MNIST_MEAN, MNIST_STD, ensure_mnist, label_problem
 
 
@@ -48,4 +47,6 @@ class MNISTDataModule(TensorDataModule):
 
     def read_image(self, path: str | os.PathLike) -> torch.Tensor:
         """A photo or scan of a digit, made to look like MNIST (light on dark, centred by mass in 28x28)."""
+        from project.recipe.digits import load_digit  # predict.py's: a training run reads no image file
+
         return load_digit(path)

@@ -29,6 +29,7 @@ from project.training.steps_per_call import Stepper, lightnings_own_steps
 from project.training.tensor_data import tensor_datamodule
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+FUSED_DEVICES = ("cuda", "cpu")  # where torch's optimizers have fused kernels, fp32 to bf16 alike
 
 
 def default_warmup(total_steps: int) -> int:
@@ -53,9 +54,6 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
             return (step + 1) / (self.warmup_steps + 1)
         progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-FUSED_DEVICES = ("cuda", "cpu")  # where torch's optimizers have fused kernels, fp32 to bf16 alike
 
 
 @dataclass(frozen=True)
