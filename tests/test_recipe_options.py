@@ -161,3 +161,23 @@ def test_a_first_step_the_loss_scaler_skips_leaves_fused_sgd_as_if_it_never_came
         finals.append([*network.parameters(), *(optimizer.state[p]["momentum_buffer"] for p in network.parameters())])
     assert scales == [2.0**15, 2.0**16]  # the overflow was seen, and its step skipped
     assert all(torch.isfinite(t).all() and torch.equal(a, t) for a, t in zip(*finals, strict=True))
+
+
+def test_cosines_state_is_plain_values_and_its_rates_lambdalrs(tmp_path: Path) -> None:
+    """Saved as numbers (a checkpoint reads it back with weights_only), stepping as LambdaLR with its factor would."""
+    def optimizer() -> torch.optim.Optimizer:
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.3)
+
+    cosine, ours = WarmupCosine(first := optimizer(), total_steps=40, warmup_steps=7), []
+    reference = torch.optim.lr_scheduler.LambdaLR(second := optimizer(), WarmupCosine(optimizer(), 40, 7).factor)
+    for _ in range(45):
+        for opt, schedule in ((first, cosine), (second, reference)):
+            opt.step()
+            schedule.step()
+        ours.append((first.param_groups[0]["lr"], second.param_groups[0]["lr"]))
+    assert all(a == b for a, b in ours)
+    torch.save(cosine.state_dict(), tmp_path / "schedule.pt")
+    again = WarmupCosine(optimizer(), total_steps=1, warmup_steps=0)
+    again.load_state_dict(torch.load(tmp_path / "schedule.pt", weights_only=True))
+    assert (again.total_steps, again.warmup_steps, again.last_epoch) == (40, 7, 45)
+    assert not any(callable(value) for value in cosine.state_dict().values())

@@ -37,17 +37,21 @@ def default_warmup(total_steps: int) -> int:
     return max(1, total_steps // 20)
 
 
-class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
+class WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
     """Linear warm-up from ~0 to the LR over ``warmup_steps``, then cosine decay to 0 at ``total_steps``.
 
     ``total_steps`` is saved with the schedule's state, so a resume that would stretch or cut
-    the schedule can be refused, as for one-cycle.
+    the schedule can be refused, as for one-cycle. Its state is plain values (LambdaLR's would
+    hold its function, which a checkpoint cannot always pickle).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int) -> None:
         self.total_steps = total_steps
         self.warmup_steps = min(warmup_steps, total_steps)
-        super().__init__(optimizer, self.factor)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float | torch.Tensor]:
+        return [base_lr * self.factor(self.last_epoch) for base_lr in self.base_lrs]
 
     def factor(self, step: int) -> float:
         if step < self.warmup_steps:
