@@ -814,7 +814,7 @@ MUTANTS = (
            "project/recipe/data.py", "from project.api import TensorDataModule\n",
            "from project.api import TensorDataModule\nfrom project.recipe.digits import load_digit  # noqa: F401\n",
            ("tests/test_engine_size.py::test_a_default_run_is_counted_from_what_it_loaded_the_recipes_files_included",)),
-    Mutant("cosine-a-step-behind", "the cosine schedule, saved as plain values, steps as LambdaLR with its factor would",
+    Mutant("cosine-a-step-behind", "the cosine schedule, saved as plain values, steps as LambdaLR with its factor",
            "project/training/classifier.py", "base_lr * self.factor(self.last_epoch) for",
            "base_lr * self.factor(max(0, self.last_epoch - 1)) for",
            ("tests/test_recipe_options.py::test_cosines_state_is_plain_values_and_its_rates_lambdalrs",)),
