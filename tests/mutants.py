@@ -818,6 +818,13 @@ MUTANTS = (
            "project/training/classifier.py", "base_lr * self.factor(self.last_epoch) for",
            "base_lr * self.factor(max(0, self.last_epoch - 1)) for",
            ("tests/test_recipe_options.py::test_cosines_state_is_plain_values_and_its_rates_lambdalrs",)),
+    Mutant("ddp-row-reason-is-a-rule", "a DDP row whose rank died says which rank and how, not torchrun's rule of '='",
+           "project/benchmark/ddp.py", 'reason = reasons[0].read_text() if reasons else torchrun_failure(done.stderr)',
+           'reason = reasons[0].read_text() if reasons else done.stderr.strip().splitlines()[-1]',
+           ("tests/test_benchmark.py::test_a_ddp_row_whose_rank_dies_without_a_reason_says_which_rank_and_how",)),
+    Mutant("torchrun-root-cause-rank-ignored", "the rank torchrun names as the root cause, not another it stopped",
+           "project/benchmark/ddp.py", "for line in lines[cause + 1:]:", "for line in lines:",
+           ("tests/test_benchmark.py::test_torchruns_page_becomes_the_root_cause_and_the_last_exception_a_rank_printed",)),
 )
 
 

@@ -258,6 +258,60 @@ def test_a_ddp_row_that_fails_is_one_line_with_the_ranks_own_reason(tmp_path):
     assert "\n" not in message
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("ending", "reason"), [
+    ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 ended with exit code -9 (SIGKILL)"),
+    ("raise SystemExit(3)", "rank 1 ended with exit code 3"),
+])
+def test_a_ddp_row_whose_rank_dies_without_a_reason_says_which_rank_and_how(tmp_path, ending, reason):
+    """A rank killed (or one that exits without an exception) writes no reason of its own: torchrun's report of it
+    is a page ending in a rule of '=', and the row's one line is the rank and its exit code from that page."""
+    import argparse
+    import textwrap
+
+    from project.benchmark import ddp
+    from project.errors import UserError
+
+    package = tmp_path / "project" / "benchmark"
+    package.mkdir(parents=True)
+    for folder in (package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "ddp.py").write_text(textwrap.dedent(f"""\
+        import os, signal, time
+        if os.environ["RANK"] == "1":
+            {ending}
+        time.sleep(2)
+    """))
+    args = argparse.Namespace(epochs=1)
+    with pytest.raises(UserError) as caught:
+        ddp.measure("bare-ddp", args, tmp_path)
+    assert str(caught.value) == f"the bare-ddp row failed (exit code 1): {reason}"
+
+
+def test_torchruns_page_becomes_the_root_cause_and_the_last_exception_a_rank_printed():
+    from project.benchmark.ddp import torchrun_failure
+
+    page = "\n".join([
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "x.py", line 3, in <module>',
+        "RuntimeError: an earlier error, not the last",
+        "torch.distributed.DistNetworkError: Connection reset by peer",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 55, "x.py FAILED", "-" * 55, "Failures:", "[1]:", "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : -15 (pid: 11)  (SIGTERM)", "-" * 55, "Root Cause (first observed failure):", "[0]:",
+        "  time      : 2026-12-08_00:44:12", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 12)",
+        "  error_file: <N/A>", "=" * 55,
+    ])
+    assert torchrun_failure(page) == "rank 1 ended with exit code 1: torch.distributed.DistNetworkError: " \
+                                     "Connection reset by peer"
+    # torchrun failed before any rank ran: its own last words, not its rule of '='
+    assert torchrun_failure("RendezvousConnectionError: the store could not start\n" + "=" * 20) == \
+        "RendezvousConnectionError: the store could not start"
+    assert torchrun_failure("something went wrong\n" + "=" * 20 + "\n") == "something went wrong"
+    assert torchrun_failure("\n \n") == "no output"
+
+
 def test_the_cpu_is_named_as_the_kernel_names_it():
     from pathlib import Path
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,9 @@ from project.errors import UserError, first_line
 PROCESSES = 2
 ROWS = ("bare-ddp", "template-ddp")
 ROOT = Path(__file__).resolve().parents[2]  # the template's folder: where the rows' processes start
+# A line of Python's report of an exception ("RuntimeError: ...", "torch.distributed.DistNetworkError: ..."); torchrun's
+# own ChildFailedError only says that a rank failed.
+EXCEPTION_LINE = re.compile(r"^(?!.*ChildFailedError)[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: .*)?$")
 
 
 def measure(row: str, args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any]:
@@ -42,10 +46,28 @@ def measure(row: str, args: argparse.Namespace, root: Path = ROOT) -> dict[str, 
                               cwd=root, env=env, capture_output=True, text=True)
         if done.returncode != 0 or not out.exists():
             reasons = sorted(Path(scratch).glob(f"{out.stem}.error-rank*"))
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            reason = reasons[0].read_text() if reasons else lines[-1] if lines else "no output"
+            reason = reasons[0].read_text() if reasons else torchrun_failure(done.stderr)
             raise UserError(f"the {row} row failed (exit code {done.returncode}): {first_line(reason)}")
         return json.loads(out.read_text())
+
+
+def torchrun_failure(stderr: str) -> str:
+    """Why a row failed where no rank wrote its reason (a rank killed, or one that exited without an exception), from
+    ``torchrun``'s stderr: the rank it names as the root cause and its exit code, and the last exception a process
+    printed; ``torchrun``'s report itself is a page that ends with a rule of '='."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    cause = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), len(lines))
+    fields: dict[str, str] = {}
+    for line in lines[cause + 1:]:
+        key, colon, value = line.partition(":")
+        if colon and key.strip() in ("rank", "exitcode"):
+            fields.setdefault(key.strip(), re.sub(r"\s*\(pid: \d+\)\s*", " ", value).split(" (local_rank")[0].strip())
+    exception = next((line for line in reversed(lines[:cause]) if EXCEPTION_LINE.match(line)), None)
+    said = [f"rank {fields['rank']} ended with exit code {fields['exitcode']}"] if len(fields) == 2 else []
+    said += [exception] if exception else []
+    if not said:
+        return next((line for line in reversed(lines) if line.strip("=-")), "no output")
+    return ": ".join(said)
 
 
 def _rank_steps(samples: int, batch_size: int) -> int:
