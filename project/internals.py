@@ -180,8 +180,9 @@ def metric_state_names(metric: Any) -> list[str]:
 
 
 def count_metric_updates(metric: Any, updates: int) -> None:
-    """Count ``updates`` more calls of ``update``, as that many calls would (``compute`` warns on none)."""
-    metric._update_count += updates
+    """Count ``updates`` more calls of ``update``, as that many calls would (``compute`` warns on none); in the
+    metric's own ``__dict__``, where nn.Module keeps a number: its ``__setattr__`` would look in four others first."""
+    vars(metric)["_update_count"] += updates
 
 
 def exit_now(code: int) -> NoReturn:

@@ -825,6 +825,18 @@ MUTANTS = (
     Mutant("torchrun-root-cause-rank-ignored", "the rank torchrun names as the root cause, not another it stopped",
            "project/benchmark/ddp.py", "for line in lines[cause + 1:]:", "for line in lines:",
            ("tests/test_benchmark.py::test_torchruns_page_becomes_the_root_cause_and_the_last_exception_a_rank_printed",)),
+    Mutant("accuracy-update-wrapped", "the training accuracy's update at a step is its own work, no wrapper",
+           "project/training/classifier.py",
+           "self.update = self._count  # type: ignore[method-assign]\n\n    def __setstate__",
+           "pass\n\n    def __setstate__",
+           ("tests/test_device_step.py::"
+            "test_running_accuracys_update_at_a_step_is_its_own_work_counted_once_as_torchmetrics_counts",)),
+    Mutant("unpickled-accuracy-wrapped", "an unpickled training accuracy (a spawned rank's) is unwrapped too",
+           "project/training/classifier.py",
+           "super().__setstate__(state)\n        self.update = self._count  # type: ignore[method-assign]",
+           "super().__setstate__(state)",
+           ("tests/test_device_step.py::"
+            "test_running_accuracys_update_at_a_step_is_its_own_work_counted_once_as_torchmetrics_counts",)),
 )
 
 

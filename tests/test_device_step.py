@@ -266,6 +266,35 @@ def test_running_accuracy_counts_in_place_and_resets_where_it_is():
     assert metric.update_count == 5 and float(metric.compute()) == 1.0
 
 
+def test_running_accuracys_update_at_a_step_is_its_own_work_counted_once_as_torchmetrics_counts(recwarn):
+    """torchmetrics' wrapper around ``update`` (four Python calls through nn.Module's ``__setattr__``, a grad mode)
+    cost as much as the update itself at every training step: the metric's update runs without it, counts its calls
+    as the wrapper would, also once unpickled (a spawned DDP rank's copy), and still works as a torchmetrics call."""
+    import pickle
+    import sys
+
+    scores, targets = torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1])
+    fresh = RunningAccuracy()
+    fresh.update(scores, targets)
+    for metric in (fresh, pickle.loads(pickle.dumps(fresh))):
+        calls: list[str] = []
+
+        def note(frame, event, arg, calls=calls):
+            if event == "call":
+                calls.append(frame.f_code.co_qualname)
+
+        sys.setprofile(note)
+        try:
+            metric.update(scores, targets)
+        finally:
+            sys.setprofile(None)
+        assert len(calls) <= 3 and not any("setattr" in call or "wrap" in call for call in calls), calls
+        assert metric.update_count == 2 and int(metric.correct) == 2 and int(metric.total) == 4
+        assert float(metric(scores, targets)) == 0.5 and metric.update_count == 3  # forward: the batch's value
+        assert float(metric.compute()) == pytest.approx(3 / 6)
+    assert not [w for w in recwarn if "before the ``update``" in str(w.message)]
+
+
 def test_where_cuda_graphs_go_and_where_they_are_refused():
     assert capture_plan(RunConfig(), "cuda", 8)[0] is StepMode.GRAPHS  # the default on a GPU
     assert capture_plan(RunConfig(), "cpu", 8) == (StepMode.OFF, "cpu: CUDA graphs need a GPU")
