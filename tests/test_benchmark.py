@@ -305,6 +305,9 @@ def test_torchruns_page_becomes_the_root_cause_and_the_last_exception_a_rank_pri
     ])
     assert torchrun_failure(page) == "rank 1 ended with exit code 1: torch.distributed.DistNetworkError: " \
                                      "Connection reset by peer"
+    killed = page.replace("  exitcode  : 1 (pid: 12)", "  exitcode  : -9 (pid: 12)  (SIGKILL)")
+    before_the_page = killed.index("Traceback (most recent call last):\ntorch.distributed")
+    assert torchrun_failure(killed[before_the_page:]) == "rank 1 ended with exit code -9 (SIGKILL)"
     # torchrun failed before any rank ran: its own last words, not its rule of '='
     assert torchrun_failure("RendezvousConnectionError: the store could not start\n" + "=" * 20) == \
         "RendezvousConnectionError: the store could not start"
