@@ -837,6 +837,14 @@ MUTANTS = (
            "super().__setstate__(state)",
            ("tests/test_device_step.py::"
             "test_running_accuracys_update_at_a_step_is_its_own_work_counted_once_as_torchmetrics_counts",)),
+    Mutant("cpu-loss-guard-names-another-step", "on CPU a group's non-finite loss is named by its own step",
+           "project/training/callbacks.py", "self._raise(trainer, trainer.global_step - len(values) + 1 + bad)",
+           "self._raise(trainer, trainer.global_step + bad)",
+           ("tests/test_gpu_toolkit.py::test_diverging_training_stops_before_any_checkpoint_holds_broken_weights",)),
+    Mutant("cpu-loss-guard-one-loss-twice", "on CPU one step's loss, read as a number, counts as one step",
+           "project/training/callbacks.py", "values = values if isinstance(values, list) else [values]",
+           "values = values if isinstance(values, list) else [values, values]",
+           ("tests/test_callbacks.py::test_a_non_finite_loss_stops_the_run_naming_its_first_step",)),
 )
 
 

@@ -399,13 +399,15 @@ class FiniteLossGuard(Callback):
         if loss is None:
             return
         # One loss per optimizer step of this Lightning step (several with --steps-per-call).
+        if loss.device.type == "cpu" and not self.deferred:
+            values = loss.tolist()  # read as they are: a detach and a reshape cost more than the read
+            values = values if isinstance(values, list) else [values]
+            bad = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
+            if bad is not None:
+                self._raise(trainer, trainer.global_step - len(values) + 1 + bad)
+            return
         losses = loss.detach().reshape(-1)
         first_step = trainer.global_step - len(losses) + 1
-        if losses.device.type == "cpu" and not self.deferred:
-            bad = next((i for i, value in enumerate(losses.tolist()) if not math.isfinite(value)), None)
-            if bad is not None:
-                self._raise(trainer, first_step + bad)
-            return
         steps = torch.arange(first_step, trainer.global_step + 1, device=losses.device)
         bad_step = torch.where(torch.isfinite(losses), NEVER, steps).min()
         self._first_bad = bad_step if self._first_bad is None else torch.minimum(self._first_bad, bad_step)
